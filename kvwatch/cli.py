@@ -1,0 +1,164 @@
+"""The ``kvwatch`` command line.
+
+Exit codes (a contract other tools rely on): 0 evaluated, 2 bad usage or
+configuration (one line naming the file and key), 3 Prometheus unreachable or
+erroring (the message names the URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from kvwatch import __version__
+from kvwatch.config import Settings, load_settings
+from kvwatch.durations import parse_duration, parse_time
+from kvwatch.errors import ConfigError, KvwatchError, PrometheusError
+
+EXIT_OK, EXIT_USAGE, EXIT_PROMETHEUS = 0, 2, 3
+
+#: sub-command modules; each exposes ``add_parser(subparsers)`` which sets ``func``
+COMMAND_MODULES = (
+    "kvwatch.service.cli",
+    "kvwatch.demo",
+    "kvwatch.sim.cli",
+    "kvwatch.capacity.cli",
+    "kvwatch.backtest.cli",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse exits 2 too; keep the one-line form
+        self.exit(EXIT_USAGE, f"kvwatch: {message}\n")
+
+
+def add_common(p: argparse.ArgumentParser, *, prometheus: bool = True) -> None:
+    """Flags shared by every command that reads Prometheus."""
+    p.add_argument("--config", metavar="FILE", help="YAML config file (default: built-in defaults + env)")
+    p.add_argument("--rules", metavar="PATH", action="append", help="rule file or directory (repeatable)")
+    if prometheus:
+        p.add_argument("--prometheus-url", metavar="URL", help="Prometheus base URL")
+        p.add_argument("--selector", metavar="SELECTOR", help='PromQL label matchers, e.g. \'{namespace="llm"}\'')
+        p.add_argument("--window", metavar="DUR", help="evaluation window, e.g. 30m")
+        p.add_argument("--step", metavar="DUR", help="resolution of range queries, e.g. 30s")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """File → env → flags. Flag values are validated like config values (errors name the flag)."""
+    over: dict[str, dict[str, Any]] = {}
+    if getattr(args, "prometheus_url", None):
+        over.setdefault("prometheus", {})["url"] = args.prometheus_url
+    if getattr(args, "selector", None) is not None:
+        over.setdefault("discovery", {})["selector"] = args.selector
+    for flag in ("window", "step"):
+        val = getattr(args, flag, None)
+        if val is not None:
+            try:
+                parse_duration(val)
+            except ValueError as exc:
+                raise ConfigError(f"--{flag}: {exc}") from None
+            over.setdefault("evaluation", {})[flag] = val
+    if getattr(args, "rules", None):
+        over.setdefault("rules", {})["paths"] = tuple(args.rules)
+    return load_settings(args.config, overrides=over)
+
+
+def parse_at(text: str | None) -> datetime:
+    if not text:
+        return datetime.now(tz=UTC)
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise ConfigError(f"--at: {exc}") from None
+
+
+def _cmd_once(args: argparse.Namespace) -> int:
+    from kvwatch.promclient import PromClient
+    from kvwatch.render import to_json, to_text
+    from kvwatch.ruleset import load_ruleset
+
+    settings = settings_from_args(args)
+    rules = load_ruleset(settings.rules.paths)
+    at = parse_at(args.at)
+    p = settings.prometheus
+    client = PromClient(
+        p.url,
+        timeout_s=p.timeout,
+        retries=p.retries,
+        headers={k: v.get_secret_value() for k, v in p.headers.items()},
+        verify_tls=p.verify_tls,
+    )
+    from kvwatch.pipeline import evaluate
+
+    evaluation = evaluate(client, settings, rules, at)
+    if getattr(args, "notify", False):
+        from kvwatch.service.once import notify_once
+
+        notify_once(settings, evaluation)
+    out = to_json(evaluation) if args.format == "json" else to_text(evaluation, verbose=not args.brief)
+    sys.stdout.write(out)
+    return EXIT_OK
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from kvwatch.ruleset import load_ruleset
+
+    settings = settings_from_args(args)
+    rules = load_ruleset(settings.rules.paths)
+    print(f"config ok ({args.config or 'defaults'}); {len(rules.rules)} rules from {len(rules.sources)} file(s)")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kvwatch", description="Diagnose KV-cache failure modes of LLM inference engines.")
+    parser.add_argument("--version", action="version", version=f"kvwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    once = sub.add_parser("once", help="evaluate every discovered target once and print the result")
+    add_common(once)
+    once.add_argument("--at", metavar="RFC3339", help="evaluation instant (default: now)")
+    once.add_argument("--format", choices=("json", "text"), default="text")
+    once.add_argument("--brief", action="store_true", help="text: one line per healthy target, first triage step only")
+    once.add_argument("--notify", action="store_true", help="send notifications through the alert lifecycle")
+    once.set_defaults(func=_cmd_once)
+    check = sub.add_parser("check", help="validate config and rules; exit 0 or 2")
+    add_common(check, prometheus=False)
+    check.set_defaults(func=_cmd_check)
+    for name in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue  # optional command not built into this install
+            raise
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        for p in exc.problems:
+            print(f"kvwatch: {p}", file=sys.stderr)
+        return EXIT_USAGE
+    except PrometheusError as exc:
+        print(f"kvwatch: {exc}", file=sys.stderr)
+        return EXIT_PROMETHEUS
+    except KvwatchError as exc:
+        print(f"kvwatch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,257 @@
+"""Settings: a YAML file, then ``KVWATCH_*`` environment overrides, then CLI flags.
+
+Validated into frozen pydantic models. Every problem is collected and reported
+at once as ``file: key.path: got X, expected Y``. Secrets (Slack token, webhook
+URL, Prometheus headers) are ``SecretStr`` and never appear in logs or reprs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
+
+from kvwatch.durations import parse_duration
+from kvwatch.errors import ConfigError, Problem
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PrometheusSettings(_Model):
+    url: str = "http://localhost:9090"
+    timeout: Duration = 10.0
+    retries: int = Field(1, ge=0, le=5)
+    headers: dict[str, SecretStr] = {}
+    verify_tls: bool = True
+    max_concurrency: int = Field(4, ge=1, le=32)
+    #: link base for "open in Prometheus" buttons when the internal URL is not reachable by people
+    external_url: str = ""
+
+
+class DiscoverySettings(_Model):
+    #: PromQL label matchers that scope every query, e.g. '{namespace="llm"}'
+    selector: str = ""
+    #: dialect ids to consider (default: all)
+    dialects: tuple[str, ...] = ()
+
+
+class EvaluationSettings(_Model):
+    interval: Duration = 60.0
+    window: Duration = 1800.0
+    step: Duration = 30.0
+    rate_window: Duration = 120.0
+    #: TTFT SLO in seconds used by the misread rules (the tail must exceed it)
+    ttft_slo: Duration = 2.0
+
+
+class RulesSettings(_Model):
+    #: files or directories of kvwatch rule YAML; default: the bundled rules/kvwatch/
+    paths: tuple[str, ...] = ()
+
+
+class SlackRoute(_Model):
+    channel: str
+    min_severity: Literal["info", "warning", "critical"] = "warning"
+    match: dict[str, str] = {}
+
+
+class SlackSettings(_Model):
+    bot_token: SecretStr | None = None
+    channel: str = ""
+    webhook_url: SecretStr | None = None
+    api_url: str = "https://slack.com/api/"
+    routes: tuple[SlackRoute, ...] = ()
+    charts: bool = False
+    timeout: Duration = 10.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool((self.bot_token and self.channel) or self.webhook_url)
+
+
+class AlertmanagerSettings(_Model):
+    urls: tuple[str, ...] = ()
+    timeout: Duration = 10.0
+
+
+class Silence(_Model):
+    matchers: dict[str, str]
+    comment: str = ""
+    until: str = ""
+
+
+class LifecycleSettings(_Model):
+    #: a condition must hold this long before it fires (rules may set their own `for`)
+    pending_for: Duration = 0.0
+    #: clear for this long before an incident resolves (no flapping)
+    hold_down: Duration = 300.0
+    reminder_interval: Duration = 14400.0
+    silences: tuple[Silence, ...] = ()
+
+
+class StateSettings(_Model):
+    path: str = "kvwatch-state.db"
+
+
+class ServerSettings(_Model):
+    host: str = "0.0.0.0"
+    port: int = Field(9877, ge=0, le=65535)
+
+
+class LinkSettings(_Model):
+    grafana_url: str = ""
+    dashboard_uid: str = "kvwatch-instance"
+
+
+class Settings(_Model):
+    prometheus: PrometheusSettings = PrometheusSettings()
+    discovery: DiscoverySettings = DiscoverySettings()
+    evaluation: EvaluationSettings = EvaluationSettings()
+    rules: RulesSettings = RulesSettings()
+    slack: SlackSettings = SlackSettings()
+    alertmanager: AlertmanagerSettings = AlertmanagerSettings()
+    lifecycle: LifecycleSettings = LifecycleSettings()
+    state: StateSettings = StateSettings()
+    server: ServerSettings = ServerSettings()
+    links: LinkSettings = LinkSettings()
+
+
+#: Environment variables with fixed names (documented contract) → key path.
+ENV_ALIASES: dict[str, tuple[str, ...]] = {
+    "SLACK_BOT_TOKEN": ("slack", "bot_token"),
+    "SLACK_CHANNEL": ("slack", "channel"),
+    "SLACK_WEBHOOK_URL": ("slack", "webhook_url"),
+    "KVWATCH_SLACK_API_URL": ("slack", "api_url"),
+    "KVWATCH_STATE_PATH": ("state", "path"),
+    "KVWATCH_PROMETHEUS_URL": ("prometheus", "url"),
+    "KVWATCH_SELECTOR": ("discovery", "selector"),
+}
+
+
+def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``KVWATCH_<SECTION>_<KEY>`` for every scalar key, plus :data:`ENV_ALIASES`."""
+    out: dict[str, Any] = {}
+    for section, field in Settings.model_fields.items():
+        sub = field.annotation
+        for key in getattr(sub, "model_fields", {}):
+            name = f"KVWATCH_{section}_{key}".upper()
+            if name in environ:
+                out.setdefault(section, {})[key] = environ[name]
+    for name, (section, key) in ENV_ALIASES.items():
+        if environ.get(name):
+            out.setdefault(section, {})[key] = environ[name]
+    return out
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _deep_merge(dict(out[k]), v)
+        else:
+            out[k] = v
+    return out
+
+
+def _problems(source: str, exc: ValidationError) -> list[Problem]:
+    out = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        given = err.get("input")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        else:
+            shown = "<secret>" if "token" in loc or "webhook" in loc or "headers" in loc else repr(given)
+            expected = err["msg"].removeprefix("Value error, ").removeprefix("expected ").split("; got")[0]
+            msg = f"got {shown}, expected {expected}"
+        out.append(Problem(source, loc, msg))
+    return out
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Parse a YAML mapping; errors name the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(Problem(str(path), "", f"cannot read: {exc.strerror}")) from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(Problem(str(path), where, f"invalid YAML: {problem}")) from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(Problem(str(path), "", f"expected a mapping at top level, got {type(doc).__name__}"))
+    return doc
+
+
+def load_settings(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build :class:`Settings` from file → env → overrides (CLI flags). Raises ConfigError."""
+    environ = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        data = read_yaml(Path(path))
+    env = _env_overrides(environ)
+    merged = _deep_merge(_deep_merge(data, env), overrides or {})
+    try:
+        settings = Settings.model_validate(merged)
+    except ValidationError as exc:
+        env_keys = {(s, k) for s, sub in env.items() for k in sub}
+        problems = []
+        for p in _problems(source, exc):
+            parts = tuple(p.location.split(".")[:2])
+            if parts in env_keys:
+                p = Problem("environment", p.location, p.message)
+            problems.append(p)
+        raise ConfigError(problems) from None
+    _check_semantics(settings, source)
+    return settings
+
+
+def _check_semantics(s: Settings, source: str) -> None:
+    from kvwatch.dialects import DIALECT_BY_ID
+    from kvwatch.selector import parse_selector
+
+    problems: list[Problem] = []
+    ev = s.evaluation
+    if ev.step <= 0:
+        problems.append(Problem(source, "evaluation.step", f"got {ev.step:g}s, expected > 0"))
+    elif ev.window < 4 * ev.step:
+        problems.append(
+            Problem(source, "evaluation.window", f"got {ev.window:g}s, expected at least 4 x step ({ev.step:g}s)")
+        )
+    if ev.rate_window <= 0:
+        problems.append(Problem(source, "evaluation.rate_window", "got 0, expected > 0"))
+    for d in s.discovery.dialects:
+        if d not in DIALECT_BY_ID:
+            problems.append(
+                Problem(source, "discovery.dialects", f"got {d!r}, expected one of {', '.join(DIALECT_BY_ID)}")
+            )
+    try:
+        parse_selector(s.discovery.selector, f"{source}: discovery.selector")
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    if not s.prometheus.url.startswith(("http://", "https://")):
+        problems.append(Problem(source, "prometheus.url", f"got {s.prometheus.url!r}, expected an http(s) URL"))
+    if problems:
+        raise ConfigError(problems)

@@ -1,0 +1,330 @@
+"""The pure diagnosis core: (fleet data, rules) → one result per target.
+
+No network, clock or Slack here: everything arrives as arguments, so this module
+is tested with plain arrays. Conditions use three-valued logic: a statistic that
+cannot be computed (signal not exported, no samples) is *unknown*, never 0, and
+a rule matches only when its condition is definitely true. A rule that cannot be
+decided for lack of data is reported as a blind spot.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvwatch.features import SeriesStats, safe_ratio
+from kvwatch.fleetdata import FleetData
+from kvwatch.models import (
+    Diagnosis,
+    Evidence,
+    FailureMode,
+    Severity,
+    Target,
+    TargetKey,
+    TargetResult,
+)
+from kvwatch.render_template import Num, render
+from kvwatch.ruleset import Group, Leaf, Rule, RuleSet
+from kvwatch.signals import REQUIRED_SIGNALS, Signal
+
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
+
+#: span over which group (replica) comparisons are made, seconds
+GROUP_SPAN_S = 600.0
+
+
+@dataclass(frozen=True)
+class Params:
+    """Evaluation parameters that are not rules: the instant, spans and SLOs (seconds)."""
+
+    at: float
+    window_s: float
+    step_s: float
+    ttft_slo_s: float = 2.0
+
+
+class TargetView:
+    """Lazy statistics of one target over named spans (``for`` tails and the whole window)."""
+
+    def __init__(self, target: Target, data: FleetData, params: Params) -> None:
+        self.target = target
+        self.key = target.key
+        self.data = data
+        self.p = params
+        self._cache: dict[tuple[str, float], SeriesStats] = {}
+
+    def raw(self, name: str) -> np.ndarray | None:
+        if name == "ttft_tail_ratio":
+            a, b = self.raw("ttft_p99"), self.raw("ttft_p50")
+            if a is None or b is None:
+                return None
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.where(b > 0, a / b, np.nan)
+        if name == "running_vs_cap":
+            a, cap = self.raw("running"), self.static("max_running")
+            return None if a is None or not cap else a / cap
+        return self.data.values(self.key, Signal(name))
+
+    def static(self, name: str) -> float | None:
+        v = self.raw(name) if name in Signal._value2member_map_ else None
+        if v is None:
+            return None
+        ok = v[np.isfinite(v)]
+        return float(ok[-1]) if len(ok) else None
+
+    def stats(self, name: str, span_s: float) -> SeriesStats | None:
+        key = (name, span_s)
+        if key not in self._cache:
+            v = self.raw(name)
+            if v is None:
+                return None
+            grid = self.data.grid
+            mask = grid > self.p.at - span_s - 1e-6
+            expected = int(mask.sum())
+            self._cache[key] = SeriesStats(grid[mask], v[mask], expected)
+        return self._cache[key]
+
+
+def _group_facts(views: list[TargetView]) -> dict[TargetKey, dict[str, float | None]]:
+    """Replica-imbalance facts: each target against the others of its (job, model) group."""
+    groups: dict[tuple[str, str], list[tuple[TargetKey, float]]] = defaultdict(list)
+    for v in views:
+        st = v.stats("kv_usage", GROUP_SPAN_S)
+        if st is not None and st.mean is not None and v.target.model:
+            groups[v.target.group].append((v.key, st.mean))
+    out: dict[TargetKey, dict[str, float | None]] = {}
+    for members in groups.values():
+        means = np.array([m for _, m in members])
+        for i, (key, mine) in enumerate(members):
+            others = np.delete(means, i)
+            med = float(np.median(others)) if len(others) else None
+            out[key] = {
+                "group_size": float(len(members)),
+                "group_kv_usage_median": med,
+                "group_kv_usage_mean": float(means.mean()),
+                "kv_usage_vs_group": None if med is None else mine - med,
+            }
+    return out
+
+
+def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, float | None]:
+    """Scalar facts used by rules and triage text: capacity math and headroom in tokens and requests."""
+    p = view.p
+    w = p.window_s
+    cap = view.static("kv_capacity_tokens")
+    usage = view.stats("kv_usage", max(3 * p.step_s, 300.0))
+    u_now = usage.last if usage is not None else None
+    used = None if cap is None or u_now is None else cap * u_now
+    headroom = None if cap is None or u_now is None else cap * (1 - u_now)
+    tps = [view.stats(s, w) for s in ("prompt_tps", "gen_tps", "request_rate")]
+    per_req = None
+    if all(s is not None and s.mean is not None for s in tps):
+        per_req = safe_ratio(tps[0].mean + tps[1].mean, tps[2].mean)  # type: ignore[union-attr,operator]
+    ws = view.stats("kv_usage", w)
+    period = ws.period if ws is not None and (ws.periodicity or 0) >= 0.2 else None
+    cycles = ws.cycles(0.8, 0.4) if ws is not None else None
+    return {
+        "capacity_tokens": cap,
+        "used_tokens": used,
+        "headroom_tokens": headroom,
+        "tokens_per_request": per_req,
+        "headroom_requests": safe_ratio(headroom, per_req),
+        "capacity_requests": safe_ratio(cap, per_req),
+        "max_running": view.static("max_running"),
+        "ttft_slo": p.ttft_slo_s,
+        "period": period,
+        "period_minutes": None if period is None else period / 60,
+        "kv_cycles": None if cycles is None else float(cycles),
+        "group_size": 1.0,
+        "group_kv_usage_median": None,
+        "group_kv_usage_mean": None,
+        "kv_usage_vs_group": None,
+        **group,
+    }
+
+
+class _Eval:
+    """Evaluates one rule's condition tree for one target, collecting evidence."""
+
+    def __init__(self, view: TargetView, rule: Rule, facts: dict[str, float | None]) -> None:
+        self.view, self.rule, self.facts = view, rule, facts
+        self.evidence: list[Evidence] = []
+        self.margins: list[float] = []
+        self.unknown: set[str] = set()
+
+    def span(self, leaf: Leaf) -> float:
+        return self.view.p.window_s if leaf.over == "window" else min(self.rule.for_, self.view.p.window_s)
+
+    def leaf(self, leaf: Leaf) -> bool | None:
+        thr = leaf.threshold(self.facts)
+        if leaf.fact is not None:
+            obs, name, stat, window = self.facts.get(leaf.fact), leaf.fact, "value", "now"
+        else:
+            assert leaf.signal is not None
+            span = self.span(leaf)
+            st = self.view.stats(leaf.signal, span)
+            obs = None if st is None else st.stat(leaf.stat, leaf.arg)
+            name, window = leaf.signal, _fmt_span(span)
+            stat = leaf.stat if leaf.arg is None else f"{leaf.stat}({leaf.arg:g})"
+        if obs is None or thr is None or not math.isfinite(obs):
+            self.unknown.add(name)
+            return None
+        ok = bool(_OPS[leaf.op](obs, thr))
+        self.evidence.append(Evidence(name, stat, obs, leaf.op, thr, window, ok))
+        if ok:
+            self.margins.append(min(1.0, abs(obs - thr) / max(abs(thr), 0.05)))
+        return ok
+
+    def node(self, n: Group | Leaf) -> bool | None:
+        if isinstance(n, Leaf):
+            return self.leaf(n)
+        if n.not_ is not None:
+            r = self.node(n.not_)
+            return None if r is None else not r
+        results = [self.node(c) for c in (n.all or n.any or ())]
+        if n.all is not None:
+            if any(r is False for r in results):
+                return False
+            return None if any(r is None for r in results) else True
+        if any(r is True for r in results):
+            return True
+        return None if any(r is None for r in results) else False
+
+
+def _fmt_span(seconds: float) -> str:
+    return f"{seconds / 60:g}m" if seconds >= 60 else f"{seconds:g}s"
+
+
+def _context(view: TargetView, span_s: float, facts: dict[str, float | None]) -> dict[str, object]:
+    class _Stats:
+        def __init__(self, name: str, span: float) -> None:
+            self._name, self._span = name, span
+
+        def __getattr__(self, stat: str) -> Num:
+            st = view.stats(self._name, self._span)
+            return Num(None if st is None else st.stat(stat))
+
+    class _Window:
+        def __getattr__(self, name: str) -> _Stats:
+            return _Stats(name, view.p.window_s)
+
+    from kvwatch.ruleset import SIGNAL_NAMES
+
+    ctx: dict[str, object] = {name: _Stats(name, span_s) for name in SIGNAL_NAMES}
+    ctx.update({k: Num(v) for k, v in facts.items()})
+    ctx["window"] = _Window()
+    ctx["for_minutes"] = Num(span_s / 60)
+    ctx["window_minutes"] = Num(view.p.window_s / 60)
+    return ctx
+
+
+def _confidence(ev: _Eval, coverage: float) -> float:
+    base = 0.5 + 0.5 * (sum(ev.margins) / len(ev.margins) if ev.margins else 0.0)
+    return round(max(0.05, min(1.0, base * (0.5 + 0.5 * coverage))), 3)
+
+
+def _healthy(view: TargetView) -> Diagnosis:
+    st = view.stats("kv_usage", view.p.window_s)
+    wt = view.stats("waiting", view.p.window_s)
+    usage = Num(None if st is None else st.mean)
+    p90 = Num(None if st is None else st.quantile(0.9))
+    waiting = Num(None if wt is None else wt.mean)
+    return Diagnosis(
+        mode=FailureMode.HEALTHY,
+        rule_id="healthy",
+        severity=Severity.INFO,
+        confidence=0.9,
+        summary=f"KV {usage:.0%} used on average (p90 {p90:.0%}), {waiting:.1f} waiting, no failure-mode signature.",
+        evidence=(),
+        triage=("No action needed: busy pools at 60-85% with no queue and no preemptions are healthy.",),
+    )
+
+
+def _unknown(view: TargetView, reason: str) -> Diagnosis:
+    return Diagnosis(
+        mode=FailureMode.UNKNOWN,
+        rule_id="blind-spot",
+        severity=Severity.WARNING,
+        confidence=1.0,
+        summary=f"Blind spot: {reason}; kvwatch cannot tell this target's state.",
+        evidence=(),
+        triage=(
+            f"Check that {view.target.instance_hint()} is scraped and exports KV-cache metrics "
+            "(vLLM: vllm:kv_cache_usage_perc; SGLang: --enable-metrics; TensorRT-LLM: enable_iter_perf_stats).",
+            "Check the discovery selector and that the engine version's metric names are supported (kvwatch check).",
+        ),
+    )
+
+
+def diagnose_target(
+    view: TargetView, rules: RuleSet, group: dict[str, float | None]
+) -> TargetResult:
+    """Classify one target. ``group`` holds replica facts computed across the fleet."""
+    p = view.p
+    sourced = view.data.sourced.get(view.key, set())
+    missing: list[str] = []
+    for sig in Signal:
+        if sig not in sourced:
+            missing.append(sig.value)
+        else:
+            st = view.stats(sig.value, p.window_s)
+            if st is None or len(st) == 0:
+                missing.append(f"{sig.value} (no data)")
+    facts = facts_for(view, group)
+    if view.target.dialect == "stale":
+        reason = "KV usage was reported during the window but no engine metrics exist now (target gone or no longer scraped)"
+        return TargetResult(view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(missing), facts)
+    for sig in REQUIRED_SIGNALS:
+        if sig not in sourced:
+            return TargetResult(
+                view.target, FailureMode.UNKNOWN, (_unknown(view, f"{sig.value} is not exported"),), tuple(missing), facts
+            )
+    fresh = view.stats(Signal.KV_USAGE.value, max(3 * p.step_s, 300.0))
+    if fresh is None or len(fresh) == 0:
+        reason = "no kv_usage samples in the last 5 minutes (stale or gone target)"
+        return TargetResult(view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(missing), facts)
+    coverage = view.stats(Signal.KV_USAGE.value, p.window_s).coverage  # type: ignore[union-attr]
+    found: list[Diagnosis] = []
+    blind: list[str] = []
+    for rule in rules.rules:
+        ev = _Eval(view, rule, facts)
+        result = ev.node(rule.when)
+        if result is None:
+            blind.append(f"{rule.id} undecidable ({', '.join(sorted(ev.unknown))})")
+            continue
+        if not result:
+            continue
+        span = min(rule.for_, p.window_s)
+        ctx = _context(view, span, facts)
+        found.append(
+            Diagnosis(
+                mode=rule.mode,
+                rule_id=rule.id,
+                severity=rule.severity,
+                confidence=_confidence(ev, coverage),
+                summary=render(rule.summary, ctx),
+                evidence=tuple(ev.evidence),
+                triage=tuple(render(t, ctx) for t in rule.triage),
+                cause=rule.cause,
+                for_s=rule.for_,
+            )
+        )
+    found.sort(key=lambda d: d.mode.rank)
+    state = found[0].mode if found else FailureMode.HEALTHY
+    if not found:
+        found.append(_healthy(view))
+    return TargetResult(view.target, state, tuple(found), tuple(missing + [f"rule {b}" for b in blind]), facts)
+
+
+def diagnose(targets: Iterable[Target], data: FleetData, rules: RuleSet, params: Params) -> tuple[TargetResult, ...]:
+    """Classify every target; results are sorted by (state precedence, job, instance)."""
+    views = [TargetView(t, data, params) for t in targets]
+    groups = _group_facts(views)
+    results = [diagnose_target(v, rules, groups.get(v.key, {})) for v in views]
+    results.sort(key=lambda r: (r.state.rank, r.target.key.job, r.target.key.instance))
+    return tuple(results)

@@ -1,0 +1,64 @@
+"""The kvwatch exception tree.
+
+Every error that reaches a user renders as one line naming *what* and *where*
+(a file and key, a URL, a rule id). The CLI maps them to exit codes:
+``ConfigError`` → 2, ``PrometheusError`` → 3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class KvwatchError(Exception):
+    """Base of every error kvwatch raises on purpose."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation problem: where (file → rule → key), what was given, what was expected."""
+
+    source: str
+    location: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.source}: {self.location}" if self.location else self.source
+        return f"{where}: {self.message}"
+
+
+class ConfigError(KvwatchError):
+    """Configuration, rules or CLI usage are invalid. Carries every problem found, not just the first."""
+
+    def __init__(self, problems: list[Problem] | Problem | str) -> None:
+        if isinstance(problems, str):
+            problems = [Problem("config", "", problems)]
+        elif isinstance(problems, Problem):
+            problems = [problems]
+        self.problems: list[Problem] = list(problems)
+        super().__init__("; ".join(str(p) for p in self.problems))
+
+
+class SelectorError(ConfigError):
+    """A PromQL label selector given by the user does not parse."""
+
+
+class PrometheusError(KvwatchError):
+    """Prometheus could not answer: the message always names the URL."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        self.detail = detail
+        super().__init__(f"Prometheus at {url}: {detail}")
+
+
+class PrometheusUnreachable(PrometheusError):
+    """Connection refused, DNS failure, TLS failure."""
+
+
+class PrometheusTimeout(PrometheusError):
+    """No answer within the configured timeout."""
+
+
+class PrometheusBadResponse(PrometheusError):
+    """HTTP error status, a non-JSON body, or a JSON body that is not a Prometheus API answer."""

@@ -1,0 +1,176 @@
+"""Window statistics of one target's signals: the pure numeric layer under the rules.
+
+A :class:`SeriesStats` wraps the samples of one signal over one span (NaN and
+±Inf already dropped) and computes statistics lazily, so a rule that never asks
+for a periodogram never pays for one. All functions return ``None`` when there
+are no samples, never 0: a missing value must not read as "fine".
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+
+import numpy as np
+
+#: minimum samples for variability / periodicity statistics to mean anything
+MIN_SAMPLES = 4
+
+
+class SeriesStats:
+    """Statistics of samples ``values`` taken at times ``ts`` (Unix seconds), oldest first."""
+
+    def __init__(self, ts: np.ndarray, values: np.ndarray, expected: int = 0) -> None:
+        ok = np.isfinite(values)
+        self.ts = ts[ok]
+        self.v = values[ok]
+        self.expected = max(expected, len(values))
+
+    def __len__(self) -> int:
+        return len(self.v)
+
+    @property
+    def coverage(self) -> float:
+        """Fraction of expected samples present (1.0 = no scrape gaps)."""
+        return len(self.v) / self.expected if self.expected else 0.0
+
+    def _agg(self, fn: str) -> float | None:
+        if not len(self.v):
+            return None
+        return float(getattr(np, fn)(self.v))
+
+    @cached_property
+    def mean(self) -> float | None:
+        return self._agg("mean")
+
+    @cached_property
+    def max(self) -> float | None:
+        return self._agg("max")
+
+    @cached_property
+    def min(self) -> float | None:
+        return self._agg("min")
+
+    @cached_property
+    def median(self) -> float | None:
+        return self._agg("median")
+
+    @cached_property
+    def std(self) -> float | None:
+        return self._agg("std")
+
+    @property
+    def last(self) -> float | None:
+        return float(self.v[-1]) if len(self.v) else None
+
+    @property
+    def range(self) -> float | None:
+        return None if not len(self.v) else float(self.v.max() - self.v.min())
+
+    def quantile(self, q: float) -> float | None:
+        return float(np.quantile(self.v, q)) if len(self.v) else None
+
+    def frac_above(self, x: float) -> float | None:
+        """Fraction of samples ≥ x."""
+        return float(np.mean(self.v >= x)) if len(self.v) else None
+
+    def frac_below(self, x: float) -> float | None:
+        """Fraction of samples ≤ x."""
+        return float(np.mean(self.v <= x)) if len(self.v) else None
+
+    def frac_near_max(self, tol: float = 0.05) -> float | None:
+        """Fraction of samples within ``tol`` (relative) of the span's maximum: 'pinned at a ceiling'."""
+        if not len(self.v):
+            return None
+        top = float(self.v.max())
+        if top <= 0:
+            return 0.0
+        return float(np.mean(self.v >= top * (1 - tol)))
+
+    @cached_property
+    def slope(self) -> float | None:
+        """Least-squares trend in units per minute (None with < MIN_SAMPLES samples)."""
+        if len(self.v) < MIN_SAMPLES or np.ptp(self.ts) <= 0:
+            return None
+        t = (self.ts - self.ts[0]) / 60.0
+        return float(np.polyfit(t, self.v, 1)[0])
+
+    def cycles(self, high: float, low: float) -> int | None:
+        """Completed excursions: rising to ≥ high and then draining to ≤ low (hysteresis)."""
+        if not len(self.v):
+            return None
+        n, armed = 0, False
+        for x in self.v:
+            if x >= high:
+                armed = True
+            elif x <= low and armed:
+                n += 1
+                armed = False
+        return n
+
+    @cached_property
+    def _periodogram(self) -> tuple[float, float] | None:
+        """(dominant period in seconds, share of spectral power at that peak)."""
+        from scipy.signal import periodogram
+
+        if len(self.v) < 2 * MIN_SAMPLES or np.ptp(self.ts) <= 0:
+            return None
+        # resample onto a regular grid: scrape gaps would otherwise bend the spectrum
+        dt = float(np.median(np.diff(self.ts)))
+        if dt <= 0:
+            return None
+        grid = np.arange(self.ts[0], self.ts[-1] + dt / 2, dt)
+        y = np.interp(grid, self.ts, self.v)
+        y = y - y.mean()
+        if not np.any(y):
+            return None
+        freqs, power = periodogram(y, fs=1.0 / dt, detrend="linear")
+        freqs, power = freqs[1:], power[1:]
+        total = float(power.sum())
+        if total <= 0 or not len(power):
+            return None
+        i = int(np.argmax(power))
+        # the peak's share includes its direct neighbours: leakage of a period that
+        # does not divide the span spreads over adjacent bins
+        share = float(power[max(0, i - 1) : i + 2].sum()) / total
+        return 1.0 / float(freqs[i]), share
+
+    @property
+    def period(self) -> float | None:
+        p = self._periodogram
+        return None if p is None else p[0]
+
+    @property
+    def periodicity(self) -> float | None:
+        p = self._periodogram
+        return None if p is None else p[1]
+
+    def stat(self, name: str, arg: float | None = None) -> float | None:
+        """Named statistic as used by rules (see :data:`STATS`)."""
+        if name in ("frac_above", "frac_below", "quantile", "frac_near_max"):
+            fn = getattr(self, name)
+            return fn(arg) if arg is not None else fn()
+        if name == "cycles":
+            hi, lo = (arg, arg / 2) if isinstance(arg, int | float) else (0.85, 0.4)
+            c = self.cycles(hi, lo)
+            return None if c is None else float(c)
+        if name in ("p10", "p50", "p90", "p99"):
+            return self.quantile(int(name[1:]) / 100)
+        value = getattr(self, name)
+        return None if value is None else float(value)
+
+
+#: statistic name → needs an ``arg``
+STATS: dict[str, bool] = {
+    "mean": False, "max": False, "min": False, "median": False, "std": False, "last": False,
+    "range": False, "slope": False, "p10": False, "p50": False, "p90": False, "p99": False,
+    "coverage": False, "period": False, "periodicity": False, "frac_near_max": False,
+    "frac_above": True, "frac_below": True, "quantile": True, "cycles": False,
+}
+
+
+def safe_ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing or b is not positive."""
+    if a is None or b is None or not math.isfinite(a) or not math.isfinite(b) or b <= 0:
+        return None
+    return a / b

@@ -1,0 +1,190 @@
+"""The vocabulary shared by every stage: targets, failure modes, diagnoses, results.
+
+These are plain frozen dataclasses: the diagnosis core builds them, and the JSON,
+text, Slack and Alertmanager renderers read the same objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class FailureMode(StrEnum):
+    """Primary states; declaration order is the precedence order (first wins)."""
+
+    FULL = "full"
+    OSCILLATING = "oscillating"
+    FRAGMENTED = "fragmented"
+    MISREAD = "misread"
+    IDLE = "idle"
+    HEALTHY = "healthy"
+    UNKNOWN = "unknown"
+
+    @property
+    def rank(self) -> int:
+        return list(FailureMode).index(self)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+PRECEDENCE: tuple[FailureMode, ...] = tuple(m for m in FailureMode if m is not FailureMode.UNKNOWN)
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return list(Severity).index(self)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class TargetKey:
+    """Identity of one engine instance: Prometheus ``job`` and ``instance`` labels."""
+
+    job: str
+    instance: str
+
+    def __str__(self) -> str:
+        return f"{self.job}/{self.instance}" if self.job else self.instance
+
+
+@dataclass(frozen=True)
+class Target:
+    """A discovered engine instance and the metric names Prometheus holds for it."""
+
+    key: TargetKey
+    dialect: str
+    engine: str
+    model: str = ""
+    names: frozenset[str] = frozenset()
+
+    @property
+    def labels(self) -> dict[str, str]:
+        out = {"job": self.key.job, "instance": self.key.instance}
+        if self.model:
+            out["model"] = self.model
+        return out
+
+    def instance_hint(self) -> str:
+        return f"instance {self.key.instance!r} (job {self.key.job!r}, dialect {self.dialect})"
+
+    @property
+    def group(self) -> tuple[str, str]:
+        """Replica group for imbalance checks: same job and model."""
+        return (self.key.job, self.model)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One observed value against its threshold, over a window."""
+
+    signal: str
+    stat: str
+    observed: float | None
+    op: str
+    threshold: float
+    window: str
+    passed: bool
+
+    def describe(self) -> str:
+        obs = "n/a" if self.observed is None else f"{self.observed:.4g}"
+        return f"{self.signal}.{self.stat} = {obs} ({self.op} {self.threshold:g} over {self.window})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "signal": self.signal,
+            "stat": self.stat,
+            "observed": self.observed,
+            "op": self.op,
+            "threshold": self.threshold,
+            "window": self.window,
+            "passed": self.passed,
+        }
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A matched rule for one target: what, how sure, why, and what to do in order."""
+
+    mode: FailureMode
+    rule_id: str
+    severity: Severity
+    confidence: float
+    summary: str
+    evidence: tuple[Evidence, ...]
+    triage: tuple[str, ...]
+    cause: str = ""
+    for_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mode": self.mode.value,
+            "rule": self.rule_id,
+            "severity": self.severity.value,
+            "confidence": round(self.confidence, 3),
+            "summary": self.summary,
+            "evidence": [e.to_json() for e in self.evidence],
+            "triage": list(self.triage),
+        }
+        if self.cause:
+            out["cause"] = self.cause
+        return out
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """Everything kvwatch concluded about one target at one instant."""
+
+    target: Target
+    state: FailureMode
+    diagnoses: tuple[Diagnosis, ...]
+    missing_signals: tuple[str, ...]
+    facts: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def primary(self) -> Diagnosis | None:
+        for d in self.diagnoses:
+            if d.mode is self.state:
+                return d
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "labels": self.target.labels,
+            "engine": self.target.engine,
+            "dialect": self.target.dialect,
+            "state": self.state.value,
+            "diagnoses": [d.to_json() for d in self.diagnoses],
+            "missing_signals": list(self.missing_signals),
+            "facts": {k: (None if v is None else round(v, 6)) for k, v in self.facts.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation of the fleet at ``evaluated_at``."""
+
+    evaluated_at: datetime
+    results: tuple[TargetResult, ...]
+    window_s: float
+    queries: int = 0
+    warnings: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "evaluated_at": self.evaluated_at.isoformat().replace("+00:00", "Z"),
+            "window_seconds": self.window_s,
+            "targets": [r.to_json() for r in self.results],
+            "queries": self.queries,
+            "warnings": list(self.warnings),
+        }

@@ -1,0 +1,39 @@
+"""One evaluation: discover → collect → diagnose, with I/O injected."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from kvwatch.collect import collect
+from kvwatch.config import Settings
+from kvwatch.diagnose import Params, diagnose
+from kvwatch.discover import discover
+from kvwatch.durations import format_duration
+from kvwatch.models import Evaluation
+from kvwatch.promclient import QueryClient
+from kvwatch.ruleset import RuleSet
+from kvwatch.selector import parse_selector, render_matchers
+
+
+def evaluate(client: QueryClient, settings: Settings, rules: RuleSet, at: datetime) -> Evaluation:
+    """Evaluate every discovered target at ``at``. Raises PrometheusError when Prometheus fails."""
+    ev = settings.evaluation
+    matchers = render_matchers(parse_selector(settings.discovery.selector, "discovery.selector"))
+    before = getattr(getattr(client, "stats", None), "queries", 0)
+    targets = discover(client, at, ev.window, matchers, settings.discovery.dialects)
+    data = collect(
+        client,
+        targets,
+        at=at,
+        window_s=ev.window,
+        step_s=ev.step,
+        rate_window=format_duration(ev.rate_window),
+        user_matchers=matchers,
+        max_concurrency=settings.prometheus.max_concurrency,
+    )
+    params = Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo)
+    results = diagnose(targets, data, rules, params)
+    stats = getattr(client, "stats", None)
+    queries = getattr(stats, "queries", 0) - before
+    warnings = tuple(dict.fromkeys(getattr(stats, "warnings", [])))[:10]
+    return Evaluation(evaluated_at=at, results=results, window_s=ev.window, queries=queries, warnings=warnings)

@@ -1,0 +1,264 @@
+"""Classification rules: YAML files validated and compiled at load.
+
+A rule file holds ``version: 1`` and a list of ``rules``. Each rule names a
+failure mode, a severity, a persistence span (``for``), a condition tree
+(``all`` / ``any`` / ``not`` over leaves) and templates for the summary and the
+ordered triage steps. Leaves compare one statistic of one signal over a span
+(the rule's ``for`` tail or the whole ``window``), or one target fact:
+
+    - {signal: kv_usage, stat: frac_above, arg: 0.9, op: ">=", value: 0.8}
+    - {signal: waiting, stat: mean, op: ">=", value: 1, over: window}
+    - {fact: group_size, op: ">=", value: 3}
+
+Every problem is reported as ``file: rules[i] (id): key: message``, all at once.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kvwatch.config import Duration, read_yaml
+from kvwatch.errors import ConfigError, Problem
+from kvwatch.features import STATS
+from kvwatch.models import FailureMode, Severity
+from kvwatch.signals import Signal
+
+#: signals derived point-wise from two canonical signals
+DERIVED_SIGNALS: dict[str, str] = {
+    "ttft_tail_ratio": "ttft_p99 / ttft_p50",
+    "running_vs_cap": "running / max_running",
+}
+SIGNAL_NAMES: frozenset[str] = frozenset({s.value for s in Signal} | set(DERIVED_SIGNALS))
+
+#: per-target scalar facts computed by the diagnosis core (see diagnose.facts_for)
+FACTS: dict[str, str] = {
+    "capacity_tokens": "KV pool size in tokens the engine reports",
+    "used_tokens": "tokens in use now (usage x capacity)",
+    "headroom_tokens": "free KV tokens now",
+    "tokens_per_request": "mean prompt+output tokens per finished request over the window",
+    "headroom_requests": "requests of average size that still fit",
+    "max_running": "configured max concurrent requests, where exported",
+    "group_size": "replicas in the same job and model",
+    "group_kv_usage_median": "median of the other replicas' mean KV usage",
+    "group_kv_usage_mean": "fleet (group) mean KV usage incl. this replica",
+    "kv_usage_vs_group": "this replica's mean KV usage minus the others' median",
+    "ttft_slo": "configured TTFT SLO in seconds",
+    "period": "dominant period of KV usage over the window, seconds",
+    "period_minutes": "dominant period of KV usage over the window, minutes",
+    "kv_cycles": "fill/drain cycles of KV usage (>=0.8 then <=0.4) over the window",
+    "capacity_requests": "average-size requests the whole pool holds",
+}
+
+Op = Literal[">", ">=", "<", "<=", "==", "!="]
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Leaf(_M):
+    signal: str | None = None
+    fact: str | None = None
+    stat: str = "mean"
+    arg: float | None = None
+    op: Op
+    value: float | None = None
+    #: compare against a fact (e.g. ttft_slo) times ``value`` (default 1) instead of a constant
+    ref: str | None = None
+    over: Literal["for", "window"] = "for"
+
+    def threshold(self, facts: dict[str, float | None]) -> float | None:
+        """The number this leaf compares against (None when its reference fact is unknown)."""
+        if self.ref is None:
+            return self.value
+        base = facts.get(self.ref)
+        return None if base is None else base * (1.0 if self.value is None else self.value)
+
+    @model_validator(mode="after")
+    def _check(self) -> Leaf:
+        if (self.signal is None) == (self.fact is None):
+            raise ValueError("a condition needs exactly one of 'signal' or 'fact'")
+        if self.signal is not None and self.signal not in SIGNAL_NAMES:
+            raise ValueError(f"unknown signal {self.signal!r} (expected one of {', '.join(sorted(SIGNAL_NAMES))})")
+        if self.value is None and self.ref is None:
+            raise ValueError("a condition needs a 'value' (or a 'ref' fact to compare against)")
+        if self.ref is not None and self.ref not in FACTS:
+            raise ValueError(f"unknown ref fact {self.ref!r} (expected one of {', '.join(sorted(FACTS))})")
+        if self.fact is not None and self.fact not in FACTS:
+            raise ValueError(f"unknown fact {self.fact!r} (expected one of {', '.join(sorted(FACTS))})")
+        if self.signal is not None:
+            if self.stat not in STATS:
+                raise ValueError(f"unknown stat {self.stat!r} (expected one of {', '.join(sorted(STATS))})")
+            if STATS[self.stat] and self.arg is None:
+                raise ValueError(f"stat {self.stat!r} needs an 'arg'")
+        return self
+
+
+class Group(_M):
+    all: tuple[Node, ...] | None = None
+    any: tuple[Node, ...] | None = None
+    not_: Node | None = Field(None, alias="not")
+
+    @model_validator(mode="after")
+    def _one(self) -> Group:
+        n = sum(x is not None for x in (self.all, self.any, self.not_))
+        if n != 1:
+            raise ValueError("a condition group needs exactly one of 'all', 'any', 'not'")
+        if (self.all is not None and not self.all) or (self.any is not None and not self.any):
+            raise ValueError("'all'/'any' need at least one condition")
+        return self
+
+
+Node = Union[Group, Leaf]  # noqa: UP007 - pydantic needs the forward-referenced union
+Group.model_rebuild()
+
+
+class Rule(_M):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    mode: FailureMode
+    severity: Severity = Severity.WARNING
+    cause: str = ""
+    description: str = ""
+    for_: Duration = Field(600.0, alias="for")
+    summary: str
+    when: Group
+    triage: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, v: FailureMode) -> FailureMode:
+        if v in (FailureMode.HEALTHY, FailureMode.UNKNOWN):
+            raise ValueError("rules classify failure modes; 'healthy' and 'unknown' are decided by kvwatch itself")
+        return v
+
+    def leaves(self) -> Iterable[Leaf]:
+        stack: list[Node] = [self.when]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, Leaf):
+                yield n
+            else:
+                stack.extend(n.all or ())
+                stack.extend(n.any or ())
+                if n.not_ is not None:
+                    stack.append(n.not_)
+
+    def signals(self) -> frozenset[str]:
+        return frozenset(leaf.signal for leaf in self.leaves() if leaf.signal)
+
+
+class RuleFile(_M):
+    version: Literal[1]
+    rules: tuple[Rule, ...] = ()
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """Rules from all files, in file then declaration order (order breaks ties within a mode)."""
+
+    rules: tuple[Rule, ...]
+    sources: tuple[str, ...]
+
+    def by_mode(self, mode: FailureMode) -> tuple[Rule, ...]:
+        return tuple(r for r in self.rules if r.mode is mode)
+
+
+_TEMPLATE_ROOTS = SIGNAL_NAMES | set(FACTS) | {"window", "target", "cause", "for_minutes", "window_minutes"}
+
+
+def _check_template(text: str) -> str | None:
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f]
+    except ValueError as exc:
+        return f"bad template: {exc}"
+    for f in fields:
+        root = f.split(".")[0].split("[")[0]
+        if root not in _TEMPLATE_ROOTS:
+            return f"template refers to unknown name {root!r}"
+    return None
+
+
+def _rule_label(raw: Any, i: int) -> str:
+    rid = raw.get("id") if isinstance(raw, dict) else None
+    return f"rules[{i}] ({rid})" if rid else f"rules[{i}]"
+
+
+def load_rule_file(path: Path) -> tuple[Rule, ...]:
+    """Validate one file; raise ConfigError listing every problem with file → rule → key."""
+    doc = read_yaml(path)
+    raw_rules = doc.get("rules") if isinstance(doc.get("rules"), list) else []
+    try:
+        rf = RuleFile.model_validate(doc)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = list(err["loc"])
+            where = ".".join(str(p) for p in loc)
+            if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):
+                rest = ".".join(str(p) for p in loc[2:] if p not in ("Group", "Leaf"))
+                where = f"{_rule_label(raw_rules[loc[1]] if loc[1] < len(raw_rules) else None, loc[1])}: {rest}"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            elif err["type"] == "missing":
+                msg = "required key is missing"
+            elif "input" in err and err["type"] not in ("value_error",):
+                msg = f"got {err['input']!r}: {msg}"
+            problems.append(Problem(str(path), where, msg))
+        raise ConfigError(problems) from None
+    problems = []
+    for i, rule in enumerate(rf.rules):
+        for key, text in [("summary", rule.summary), *((f"triage[{j}]", t) for j, t in enumerate(rule.triage))]:
+            err = _check_template(text)
+            if err:
+                problems.append(Problem(str(path), f"rules[{i}] ({rule.id}): {key}", err))
+    if problems:
+        raise ConfigError(problems)
+    return rf.rules
+
+
+def default_rules_dir() -> Path:
+    """The bundled rule directory: installed wheel copy, else the source checkout's rules/kvwatch."""
+    here = Path(__file__).resolve().parent
+    for cand in (here / "_bundled" / "rules" / "kvwatch", here.parent / "rules" / "kvwatch"):
+        if cand.is_dir():
+            return cand
+    raise ConfigError(Problem("rules", "", f"no bundled rules found next to {here}"))
+
+
+def load_ruleset(paths: Iterable[str | Path] = ()) -> RuleSet:
+    """Load rule files (directories expand to their ``*.yaml``); ids must be unique across files."""
+    files: list[Path] = []
+    for p in list(paths) or [default_rules_dir()]:
+        p = Path(p)
+        if p.is_dir():
+            files.extend(sorted(p.glob("*.y*ml")))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise ConfigError(Problem(str(p), "", "rule file or directory does not exist"))
+    if not files:
+        raise ConfigError(Problem(", ".join(str(p) for p in paths), "", "no *.yaml rule files found"))
+    rules: list[Rule] = []
+    problems: list[Problem] = []
+    seen: dict[str, Path] = {}
+    for f in files:
+        try:
+            loaded = load_rule_file(f)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        for r in loaded:
+            if r.id in seen:
+                problems.append(Problem(str(f), f"rule {r.id}", f"duplicate id (first defined in {seen[r.id]})"))
+            seen[r.id] = f
+            rules.append(r)
+    if problems:
+        raise ConfigError(problems)
+    return RuleSet(tuple(rules), tuple(str(f) for f in files))

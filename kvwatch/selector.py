@@ -1,0 +1,90 @@
+"""Parse and re-render the user's PromQL label selector.
+
+Accepted forms: ``{namespace="llm", pod=~"vllm-.*"}``, the same without braces,
+or empty. Values are re-escaped on output so quotes, backslashes and unicode in
+label values cannot break the queries built from them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kvwatch.errors import Problem, SelectorError
+
+_LABEL = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*")
+_OPS = ("=", "!=", "=~", "!~")
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """One label matcher; ``value`` is the unescaped string."""
+
+    label: str
+    op: str
+    value: str
+
+    def render(self) -> str:
+        escaped = self.value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'{self.label}{self.op}"{escaped}"'
+
+
+def _read_string(text: str, pos: int, where: str) -> tuple[str, int]:
+    quote = text[pos] if pos < len(text) else ""
+    if quote not in ('"', "'", "`"):
+        raise SelectorError(Problem(where, f"offset {pos}", f"expected a quoted value, got {text[pos:pos + 10]!r}"))
+    out: list[str] = []
+    i = pos + 1
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and quote != "`" and i + 1 < len(text):
+            nxt = text[i + 1]
+            out.append({"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}.get(nxt, "\\" + nxt))
+            i += 2
+            continue
+        if ch == quote:
+            return "".join(out), i + 1
+        out.append(ch)
+        i += 1
+    raise SelectorError(Problem(where, f"offset {pos}", "unterminated quoted value"))
+
+
+def parse_selector(text: str | None, where: str = "--selector") -> tuple[Matcher, ...]:
+    """Parse a selector; raise :class:`SelectorError` naming ``where`` and the offset."""
+    if text is None:
+        return ()
+    body = text.strip()
+    if body.startswith("{"):
+        if not body.endswith("}"):
+            raise SelectorError(Problem(where, "", f"selector {text!r} opens '{{' but does not close it"))
+        body = body[1:-1]
+    matchers: list[Matcher] = []
+    pos = 0
+    while pos < len(body):
+        if body[pos:].strip() == "":
+            break
+        m = _LABEL.match(body, pos)
+        if not m:
+            raise SelectorError(
+                Problem(where, f"offset {pos}", f"expected label matcher like name=\"value\" in {text!r}")
+            )
+        value, pos = _read_string(body, m.end(), where)
+        if m.group(2) in ("=~", "!~"):
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise SelectorError(Problem(where, m.group(1), f"invalid regex {value!r}: {exc}")) from None
+        matchers.append(Matcher(m.group(1), m.group(2), value))
+        rest = body[pos:].lstrip()
+        if rest.startswith(","):
+            pos = len(body) - len(rest) + 1
+        elif rest:
+            raise SelectorError(Problem(where, f"offset {pos}", f"expected ',' or end of selector in {text!r}"))
+        else:
+            break
+    return tuple(matchers)
+
+
+def render_matchers(matchers: tuple[Matcher, ...]) -> str:
+    """Comma-joined matchers without braces ('' when none)."""
+    return ", ".join(m.render() for m in matchers)
