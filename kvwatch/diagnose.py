@@ -29,10 +29,13 @@ from kvwatch.models import (
     TargetResult,
 )
 from kvwatch.render_template import Num, render
-from kvwatch.ruleset import Group, Leaf, Rule, RuleSet
+from kvwatch.ruleset import SIGNAL_NAMES, Group, Leaf, Rule, RuleSet
 from kvwatch.signals import REQUIRED_SIGNALS, Signal
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
+
+_SIGNALS: dict[str, Signal] = {s.value: s for s in Signal}
+_NEGATE = {">": "<=", ">=": "<", "<": ">=", "<=": ">", "==": "!=", "!=": "=="}
 
 #: span over which group (replica) comparisons are made, seconds
 GROUP_SPAN_S = 600.0
@@ -57,6 +60,7 @@ class TargetView:
         self.data = data
         self.p = params
         self._cache: dict[tuple[str, float], SeriesStats] = {}
+        self._starts: dict[float, int] = {}
 
     def raw(self, name: str) -> np.ndarray | None:
         if name == "ttft_tail_ratio":
@@ -68,10 +72,11 @@ class TargetView:
         if name == "running_vs_cap":
             a, cap = self.raw("running"), self.static("max_running")
             return None if a is None or not cap else a / cap
-        return self.data.values(self.key, Signal(name))
+        sig = _SIGNALS.get(name)
+        return None if sig is None else self.data.values(self.key, sig)
 
     def static(self, name: str) -> float | None:
-        v = self.raw(name) if name in Signal._value2member_map_ else None
+        v = self.raw(name) if name in _SIGNALS else None
         if v is None:
             return None
         ok = v[np.isfinite(v)]
@@ -79,15 +84,21 @@ class TargetView:
 
     def stats(self, name: str, span_s: float) -> SeriesStats | None:
         key = (name, span_s)
-        if key not in self._cache:
+        st = self._cache.get(key)
+        if st is None:
             v = self.raw(name)
             if v is None:
                 return None
-            grid = self.data.grid
-            mask = grid > self.p.at - span_s - 1e-6
-            expected = int(mask.sum())
-            self._cache[key] = SeriesStats(grid[mask], v[mask], expected)
-        return self._cache[key]
+            i0 = self._start(span_s)
+            st = self._cache[key] = SeriesStats(self.data.grid[i0:], v[i0:], len(v) - i0)
+        return st
+
+    def _start(self, span_s: float) -> int:
+        """Index of the first grid point inside (at − span, at]; the grid is sorted."""
+        i0 = self._starts.get(span_s)
+        if i0 is None:
+            i0 = self._starts[span_s] = int(np.searchsorted(self.data.grid, self.p.at - span_s - 1e-6, side="right"))
+        return i0
 
 
 def _group_facts(views: list[TargetView]) -> dict[TargetKey, dict[str, float | None]]:
@@ -126,7 +137,9 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
     if all(s is not None and s.mean is not None for s in tps):
         per_req = safe_ratio(tps[0].mean + tps[1].mean, tps[2].mean)  # type: ignore[union-attr,operator]
     ws = view.stats("kv_usage", w)
-    period = ws.period if ws is not None and (ws.periodicity or 0) >= 0.2 else None
+    # the periodogram is the costliest statistic: only swinging pools have a period worth naming
+    swinging = ws is not None and (ws.std or 0.0) >= 0.05
+    period = ws.period if swinging and (ws.periodicity or 0) >= 0.2 else None  # type: ignore[union-attr]
     cycles = ws.cycles(0.8, 0.4) if ws is not None else None
     return {
         "capacity_tokens": cap,
@@ -160,7 +173,7 @@ class _Eval:
     def span(self, leaf: Leaf) -> float:
         return self.view.p.window_s if leaf.over == "window" else min(self.rule.for_, self.view.p.window_s)
 
-    def leaf(self, leaf: Leaf) -> bool | None:
+    def leaf(self, leaf: Leaf, negated: bool = False) -> bool | None:
         thr = leaf.threshold(self.facts)
         if leaf.fact is not None:
             obs, name, stat, window = self.facts.get(leaf.fact), leaf.fact, "value", "now"
@@ -172,55 +185,79 @@ class _Eval:
             name, window = leaf.signal, _fmt_span(span)
             stat = leaf.stat if leaf.arg is None else f"{leaf.stat}({leaf.arg:g})"
         if obs is None or thr is None or not math.isfinite(obs):
+            if leaf.missing != "unknown":
+                return leaf.missing == "true"
             self.unknown.add(name)
             return None
         ok = bool(_OPS[leaf.op](obs, thr))
-        self.evidence.append(Evidence(name, stat, obs, leaf.op, thr, window, ok))
-        if ok:
+        # under `not`, a leaf that fails is what supports the diagnosis
+        supports = ok != negated
+        op = leaf.op if not negated else _NEGATE[leaf.op]
+        self.evidence.append(Evidence(name, stat, obs, op, thr, window, supports))
+        if supports:
             self.margins.append(min(1.0, abs(obs - thr) / max(abs(thr), 0.05)))
         return ok
 
-    def node(self, n: Group | Leaf) -> bool | None:
+    def node(self, n: Group | Leaf, negated: bool = False) -> bool | None:
         if isinstance(n, Leaf):
-            return self.leaf(n)
+            return self.leaf(n, negated)
         if n.not_ is not None:
-            r = self.node(n.not_)
+            r = self.node(n.not_, not negated)
             return None if r is None else not r
-        results = [self.node(c) for c in (n.all or n.any or ())]
-        if n.all is not None:
-            if any(r is False for r in results):
-                return False
-            return None if any(r is None for r in results) else True
-        if any(r is True for r in results):
-            return True
-        return None if any(r is None for r in results) else False
+        # short-circuit: a False child decides `all`, a True child decides `any`,
+        # whatever the unknown siblings would say (three-valued logic)
+        decisive = n.all is None
+        unknown = False
+        for child in n.all or n.any or ():
+            r = self.node(child, negated)
+            if r is decisive:
+                return decisive
+            unknown = unknown or r is None
+        return None if unknown else not decisive
 
 
 def _fmt_span(seconds: float) -> str:
     return f"{seconds / 60:g}m" if seconds >= 60 else f"{seconds:g}s"
 
 
-def _context(view: TargetView, span_s: float, facts: dict[str, float | None]) -> dict[str, object]:
-    class _Stats:
-        def __init__(self, name: str, span: float) -> None:
-            self._name, self._span = name, span
+class _Stats:
+    """Template view of one signal's statistics over one span: ``{kv_usage.mean:.0%}``."""
 
-        def __getattr__(self, stat: str) -> Num:
-            st = view.stats(self._name, self._span)
-            return Num(None if st is None else st.stat(stat))
+    __slots__ = ("_name", "_span", "_view")
 
-    class _Window:
-        def __getattr__(self, name: str) -> _Stats:
-            return _Stats(name, view.p.window_s)
+    def __init__(self, view: TargetView, name: str, span: float) -> None:
+        self._view, self._name, self._span = view, name, span
 
-    from kvwatch.ruleset import SIGNAL_NAMES
+    def __getattr__(self, stat: str) -> Num:
+        st = self._view.stats(self._name, self._span)
+        return Num(None if st is None else st.stat(stat))
 
-    ctx: dict[str, object] = {name: _Stats(name, span_s) for name in SIGNAL_NAMES}
-    ctx.update({k: Num(v) for k, v in facts.items()})
-    ctx["window"] = _Window()
-    ctx["for_minutes"] = Num(span_s / 60)
-    ctx["window_minutes"] = Num(view.p.window_s / 60)
-    return ctx
+
+class _Context(dict):  # type: ignore[type-arg]
+    """Template context that builds signal views on demand (most templates use a few)."""
+
+    def __init__(self, view: TargetView, span_s: float, facts: dict[str, float | None]) -> None:
+        super().__init__({k: Num(v) for k, v in facts.items()})
+        self.view, self.span = view, span_s
+        self["for_minutes"] = Num(span_s / 60)
+        self["window_minutes"] = Num(view.p.window_s / 60)
+
+    def __missing__(self, key: str) -> object:
+        if key == "window":
+            return _Window(self.view)
+        if key in SIGNAL_NAMES:
+            return _Stats(self.view, key, self.span)
+        raise KeyError(key)
+
+
+class _Window:
+    __slots__ = ("_view",)
+
+    def __init__(self, view: TargetView) -> None:
+        self._view = view
+
+    def __getattr__(self, name: str) -> _Stats:
+        return _Stats(self._view, name, self._view.p.window_s)
 
 
 def _confidence(ev: _Eval, coverage: float) -> float:
@@ -300,7 +337,7 @@ def diagnose_target(
         if not result:
             continue
         span = min(rule.for_, p.window_s)
-        ctx = _context(view, span, facts)
+        ctx = _Context(view, span, facts)
         found.append(
             Diagnosis(
                 mode=rule.mode,

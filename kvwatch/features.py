@@ -41,7 +41,7 @@ class SeriesStats:
 
     @cached_property
     def mean(self) -> float | None:
-        return self._agg("mean")
+        return float(self.v.sum()) / len(self.v) if len(self.v) else None
 
     @cached_property
     def max(self) -> float | None:
@@ -53,7 +53,7 @@ class SeriesStats:
 
     @cached_property
     def median(self) -> float | None:
-        return self._agg("median")
+        return self.quantile(0.5)
 
     @cached_property
     def std(self) -> float | None:
@@ -67,16 +67,28 @@ class SeriesStats:
     def range(self) -> float | None:
         return None if not len(self.v) else float(self.v.max() - self.v.min())
 
+    @cached_property
+    def _sorted(self) -> np.ndarray:
+        return np.sort(self.v)
+
     def quantile(self, q: float) -> float | None:
-        return float(np.quantile(self.v, q)) if len(self.v) else None
+        """Linear-interpolated quantile (numpy's default method), without np.quantile's overhead."""
+        n = len(self.v)
+        if not n:
+            return None
+        srt = self._sorted
+        pos = q * (n - 1)
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        return float(srt[lo] + (srt[hi] - srt[lo]) * (pos - lo))
 
     def frac_above(self, x: float) -> float | None:
         """Fraction of samples ≥ x."""
-        return float(np.mean(self.v >= x)) if len(self.v) else None
+        return np.count_nonzero(self.v >= x) / len(self.v) if len(self.v) else None
 
     def frac_below(self, x: float) -> float | None:
         """Fraction of samples ≤ x."""
-        return float(np.mean(self.v <= x)) if len(self.v) else None
+        return np.count_nonzero(self.v <= x) / len(self.v) if len(self.v) else None
 
     def frac_near_max(self, tol: float = 0.05) -> float | None:
         """Fraction of samples within ``tol`` (relative) of the span's maximum: 'pinned at a ceiling'."""
@@ -85,7 +97,7 @@ class SeriesStats:
         top = float(self.v.max())
         if top <= 0:
             return 0.0
-        return float(np.mean(self.v >= top * (1 - tol)))
+        return np.count_nonzero(self.v >= top * (1 - tol)) / len(self.v)
 
     @cached_property
     def slope(self) -> float | None:
@@ -107,6 +119,21 @@ class SeriesStats:
                 n += 1
                 armed = False
         return n
+
+    def swings(self, min_range: float = 0.3) -> int | None:
+        """Completed fill/drain excursions relative to the span's own range.
+
+        An excursion rises into the top 30 % of [min, max] and drains back into the
+        bottom 30 %. Spans whose range is below ``min_range`` have no swings, so
+        sensor noise on a flat pool never counts.
+        """
+        if not len(self.v):
+            return None
+        lo, hi = float(self.v.min()), float(self.v.max())
+        span = hi - lo
+        if span < min_range:
+            return 0
+        return self.cycles(hi - 0.3 * span, lo + 0.3 * span)
 
     @cached_property
     def _periodogram(self) -> tuple[float, float] | None:
@@ -150,6 +177,9 @@ class SeriesStats:
         if name in ("frac_above", "frac_below", "quantile", "frac_near_max"):
             fn = getattr(self, name)
             return fn(arg) if arg is not None else fn()
+        if name == "swings":
+            c = self.swings(arg if arg is not None else 0.3)
+            return None if c is None else float(c)
         if name == "cycles":
             hi, lo = (arg, arg / 2) if isinstance(arg, int | float) else (0.85, 0.4)
             c = self.cycles(hi, lo)
@@ -165,7 +195,7 @@ STATS: dict[str, bool] = {
     "mean": False, "max": False, "min": False, "median": False, "std": False, "last": False,
     "range": False, "slope": False, "p10": False, "p50": False, "p90": False, "p99": False,
     "coverage": False, "period": False, "periodicity": False, "frac_near_max": False,
-    "frac_above": True, "frac_below": True, "quantile": True, "cycles": False,
+    "frac_above": True, "frac_below": True, "quantile": True, "cycles": False, "swings": False,
 }
 
 

@@ -41,7 +41,17 @@ _FMT = _Formatter()
 _NA_UNIT = re.compile(r"n/a(?:/s|s|%|×)(?=\W|$)")
 
 
+# an optional segment: dropped whole when any number in it is unknown
+_OPTIONAL = re.compile(r"\[\[(.*?)\]\]")
+
+
 def render(template: str, ctx: Mapping[str, Any]) -> str:
-    """Format ``template`` against ``ctx``; unknown fields and values render as ``n/a``."""
-    text = " ".join(_FMT.vformat(template, (), dict(ctx)).split())
-    return _NA_UNIT.sub("n/a", text)
+    """Format ``template`` against ``ctx``; unknown values render as ``n/a``.
+
+    Text inside ``[[ ... ]]`` is optional: it is kept (without the brackets) only
+    when every number in it is known, so triage never reads "queue p99 n/a".
+    """
+    text = " ".join(_FMT.vformat(template, (), ctx).split())
+    text = _NA_UNIT.sub("n/a", text)
+    text = _OPTIONAL.sub(lambda m: "" if "n/a" in m.group(1) else m.group(1), text)
+    return " ".join(text.split()).replace(" ,", ",").replace(" ;", ";").replace(" .", ".")

@@ -72,6 +72,9 @@ class Leaf(_M):
     #: compare against a fact (e.g. ttft_slo) times ``value`` (default 1) instead of a constant
     ref: str | None = None
     over: Literal["for", "window"] = "for"
+    #: how an uncomputable statistic counts: "unknown" (default, the rule may become
+    #: undecidable), or "false"/"true" for optional evidence such as a cap few engines export
+    missing: Literal["unknown", "false", "true"] = "unknown"
 
     def threshold(self, facts: dict[str, float | None]) -> float | None:
         """The number this leaf compares against (None when its reference fact is unknown)."""

@@ -1,0 +1,176 @@
+"""The pure diagnosis core on plain arrays: no Prometheus, no clock."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvwatch.diagnose import Params, diagnose
+from kvwatch.fleetdata import FleetData
+from kvwatch.models import FailureMode, Target, TargetKey
+from kvwatch.ruleset import load_ruleset
+from kvwatch.signals import Signal
+
+STEP = 30.0
+WINDOW = 1800.0
+N = int(WINDOW // STEP) + 1
+GRID = 1_000_000.0 + STEP * np.arange(N)
+AT = float(GRID[-1])
+RULES = load_ruleset()
+
+
+def const(x: float) -> np.ndarray:
+    return np.full(N, float(x))
+
+
+def sine(lo: float, hi: float, period_s: float) -> np.ndarray:
+    mid, amp = (hi + lo) / 2, (hi - lo) / 2
+    return mid + amp * np.sin(2 * np.pi * (GRID - GRID[0]) / period_s)
+
+
+def base(**over: np.ndarray) -> dict[Signal, np.ndarray]:
+    """A healthy busy engine: 75 % KV, no queue, no preemption, tight tail."""
+    sig = {
+        Signal.KV_USAGE: const(0.75),
+        Signal.RUNNING: 40 + np.random.default_rng(0).integers(-5, 5, N).astype(float),
+        Signal.WAITING: const(0),
+        Signal.PREEMPTIONS: const(0),
+        Signal.TTFT_P50: const(0.2),
+        Signal.TTFT_P99: const(0.8),
+        Signal.TTFT_MEAN: const(0.3),
+        Signal.GEN_TPS: const(2000),
+        Signal.PROMPT_TPS: const(6000),
+        Signal.REQUEST_RATE: const(4),
+        Signal.KV_CAPACITY_TOKENS: const(200_000),
+    }
+    sig.update({Signal(k): v for k, v in over.items()})
+    return sig
+
+
+def run(fleet: dict[str, dict[Signal, np.ndarray]], model: str = "m") -> dict[str, object]:
+    targets = [Target(TargetKey("vllm", name), "vllm-v1", "vllm", model) for name in fleet]
+    data = FleetData(grid=GRID, targets={t.key: t for t in targets})
+    for t in targets:
+        sigs = fleet[t.key.instance]
+        data.sourced[t.key] = set(sigs)
+        for s, v in sigs.items():
+            data.put(t.key, s, v)
+    res = diagnose(targets, data, RULES, Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0))
+    return {r.target.key.instance: r for r in res}
+
+
+CASES = {
+    "healthy": (base(), FailureMode.HEALTHY, ""),
+    "full": (
+        base(kv_usage=const(0.97), waiting=np.linspace(2, 30, N), preemptions=const(0.5)),
+        FailureMode.FULL,
+        "",
+    ),
+    "oscillating": (base(kv_usage=sine(0.1, 0.98, 300)), FailureMode.OSCILLATING, ""),
+    "fragmented": (
+        base(kv_usage=const(0.5), waiting=const(6), running=20 + np.sin(GRID / 50) * 4),
+        FailureMode.FRAGMENTED,
+        "",
+    ),
+    "misread": (
+        base(ttft_p50=const(0.2), ttft_p99=const(4.0), ttft_mean=const(0.5)),
+        FailureMode.MISREAD,
+        "",
+    ),
+    "idle-low-demand": (
+        base(kv_usage=const(0.05), running=const(2), gen_tps=const(100)),
+        FailureMode.IDLE,
+        "low_demand",
+    ),
+    "idle-batch-limited": (
+        base(kv_usage=const(0.1), running=const(8), waiting=const(12)),
+        FailureMode.IDLE,
+        "batch_limited",
+    ),
+    "idle-stalled": (
+        base(kv_usage=const(0.0), running=const(0), waiting=const(25), gen_tps=const(0)),
+        FailureMode.IDLE,
+        "stalled",
+    ),
+    "idle-compute-bound": (
+        base(kv_usage=const(0.1), ttft_p50=const(3.0), ttft_p99=const(6.0), ttft_mean=const(3.2)),
+        FailureMode.IDLE,
+        "compute_bound",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_signature_yields_its_mode(name: str) -> None:
+    sigs, mode, cause = CASES[name]
+    r = run({name: sigs})[name]
+    assert r.state is mode, [(d.mode, d.rule_id) for d in r.diagnoses]
+    assert r.primary is not None and r.primary.cause == cause
+    if mode is not FailureMode.HEALTHY:
+        assert r.primary.triage and "n/a" not in r.primary.triage[0]
+        assert all(e.passed for e in r.primary.evidence if e.signal == "kv_usage")
+
+
+def test_short_burst_that_ended_long_ago_is_not_an_incident() -> None:
+    usage = const(0.6)
+    usage[:8] = 0.99  # 4 minutes pinned, 26 minutes ago
+    waiting = const(0)
+    waiting[:8] = 20
+    r = run({"t": base(kv_usage=usage, waiting=waiting)})["t"]
+    assert r.state is FailureMode.HEALTHY
+
+
+def test_full_beats_oscillating_and_all_matches_are_reported() -> None:
+    usage = np.where(np.arange(N) < N - 25, sine(0.1, 0.98, 300), 0.97)
+    r = run({"t": base(kv_usage=usage, waiting=const(5), preemptions=const(0.2))})["t"]
+    assert r.state is FailureMode.FULL
+    assert {d.mode for d in r.diagnoses} >= {FailureMode.FULL, FailureMode.OSCILLATING}
+
+
+def test_missing_kv_usage_is_unknown_not_healthy() -> None:
+    sigs = base()
+    del sigs[Signal.KV_USAGE]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.UNKNOWN
+    assert "kv_usage" in r.missing_signals
+    assert "Blind spot" in r.diagnoses[0].summary
+
+
+def test_nan_samples_are_gaps_not_zeros() -> None:
+    usage = const(np.nan)
+    r = run({"t": base(kv_usage=usage)})["t"]
+    assert r.state is FailureMode.UNKNOWN
+    gappy = const(0.97)
+    gappy[::2] = np.nan  # half the scrapes missing: still full, with lower confidence
+    full = run({"t": base(kv_usage=gappy, waiting=const(5))})["t"]
+    dense = run({"t": base(kv_usage=const(0.97), waiting=const(5))})["t"]
+    assert full.state is FailureMode.FULL
+    assert full.primary.confidence < dense.primary.confidence
+
+
+def test_rule_with_missing_signal_is_a_reported_blind_spot() -> None:
+    sigs = base()
+    for s in (Signal.TTFT_P50, Signal.TTFT_P99, Signal.TTFT_MEAN):
+        del sigs[s]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.HEALTHY
+    assert any(m.startswith("rule misread-ttft-tail undecidable") for m in r.missing_signals)
+
+
+def test_replica_imbalance_flags_the_saturated_replica_only() -> None:
+    fleet = {f"r{i}": base(kv_usage=const(0.25)) for i in range(4)}
+    fleet["hot"] = base(kv_usage=const(0.96))
+    res = run(fleet)
+    assert res["hot"].state is FailureMode.MISREAD
+    assert all(res[f"r{i}"].state is FailureMode.HEALTHY for i in range(4))
+    assert "group" in res["hot"].primary.summary
+
+
+def test_headroom_in_tokens_and_requests_fills_triage() -> None:
+    r = run({"t": base(kv_usage=const(0.97), waiting=const(5))})["t"]
+    facts = r.facts
+    assert facts["capacity_tokens"] == 200_000
+    assert facts["headroom_tokens"] == pytest.approx(6_000)
+    assert facts["tokens_per_request"] == pytest.approx(2_000)  # (6000 + 2000) / 4
+    assert facts["headroom_requests"] == pytest.approx(3.0)
+    assert "6,000 tokens" in r.primary.triage[3]
