@@ -49,7 +49,7 @@ def plan(targets: list[Target], user_matchers: str, rate_window: str) -> dict[st
     return dict(queries)
 
 
-def _cache_info_tokens(labels: dict[str, str]) -> float | None:
+def cache_info_tokens(labels: dict[str, str]) -> float | None:
     """KV capacity from vllm:cache_config_info labels: kv_cache_size_tokens, else blocks × block size."""
     def num(name: str) -> float | None:
         try:
@@ -111,7 +111,7 @@ def collect(
                 if key not in keys:
                     continue
                 if src.kind is SourceKind.VLLM_CACHE_INFO:
-                    tokens = _cache_info_tokens(m)
+                    tokens = cache_info_tokens(m)
                     if tokens is None:
                         continue
                     vals = _to_grid(row, grid, step_s, transform=tokens)

@@ -181,3 +181,17 @@ def test_flags_alone_need_layers_heads_and_head_dim() -> None:
 def test_geometry_rejects_non_positive_values() -> None:
     with pytest.raises(CapacityError, match=r"^--kv-heads: must be a whole number > 0, got 0$"):
         ModelGeometry(layers=32, kv_heads=0, head_dim=128)
+
+
+@pytest.mark.parametrize(
+    ("name", "context"),
+    [
+        ("llama-3.1-8b.json", 131_072),
+        ("deepseek-v2-lite-mla.json", 163_840),
+        ("mistral-7b-v0.1-sliding.json", 32_768),
+        ("gemma-3-12b-text-config.json", 131_072),  # gemma3_text class default
+        ("falcon-7b-mqa.json", None),
+    ],
+)
+def test_max_context_from_max_position_embeddings(name: str, context: int | None) -> None:
+    assert geometry_from_config(load_config(CONFIGS / name)).max_context == context

@@ -8,7 +8,8 @@
   false), layers counted from ``layer_types`` or ``sliding_window_pattern``.
 - Multimodal wrappers: the text model is read from ``text_config`` (Gemma 3,
   Llama 4, Mistral 3, …), inheriting ``torch_dtype`` from the outer config.
-- ``torch_dtype`` (or ``dtype``) is the default KV dtype.
+- ``torch_dtype`` (or ``dtype``) is the default KV dtype; ``max_position_embeddings``
+  the default max context (vLLM's default ``max_model_len``).
 
 Every error is a one-line :class:`CapacityError` naming the file and key.
 """
@@ -46,6 +47,7 @@ _MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
         "head_dim": 256,
         "sliding_window": 4096,
         "sliding_window_pattern": 6,
+        "max_position_embeddings": 131072,
     },
 }
 _FP32_NAMES = frozenset({"float32", "float", "fp32"})
@@ -54,6 +56,7 @@ _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
 _KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
 _HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "seq_length")
 
 
 def _first(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | None:
@@ -152,7 +155,9 @@ def geometry_from_config(
         kv_dtype, dtype_notes = _dtype(cfg, source)
         notes += dtype_notes
     window, sliding_layers = _sliding(cfg, layers)
+    context = _first(cfg, _CONTEXT_KEYS)
     common: dict[str, Any] = {
+        "max_context": None if context is None else _positive(source, *context),
         "layers": layers,
         "kv_dtype": kv_dtype,
         "sliding_window": window,

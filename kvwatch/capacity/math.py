@@ -174,16 +174,18 @@ def requests_fit(pool_tokens: int, tokens_per_request: int) -> int:
 
 @dataclass(frozen=True)
 class RequestLimits:
-    """Admission limits: ``max_input`` and ``max_output`` tokens, ``concurrency`` requests."""
+    """Admission limits: ``max_input`` (> 0) and ``max_output`` (>= 0) tokens, ``concurrency`` requests."""
 
     max_input: int
     max_output: int
     concurrency: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_input", "max_output", "concurrency"):
-            if getattr(self, name) <= 0:
-                raise CapacityError(f"--{name.replace('_', '-')}: must be greater than 0")
+        for name, low in (("max_input", 1), ("max_output", 0), ("concurrency", 1)):
+            if getattr(self, name) < low:
+                relation = "greater than 0" if low else "negative"
+                verb = "must be" if low else "must not be"
+                raise CapacityError(f"--{name.replace('_', '-')}: {verb} {relation}")
 
     @property
     def tokens_per_request(self) -> int:

@@ -62,7 +62,8 @@ class ModelGeometry:
     """KV geometry: ``kv_factor × layers × kv_heads × head_dim`` elements per token.
 
     ``kv_factor`` is 2 (separate K and V) or 1 (MLA's shared latent).
-    ``sliding_window`` (tokens) and ``sliding_layers`` only feed notes.
+    ``sliding_window`` (tokens) and ``sliding_layers`` only feed notes;
+    ``max_context`` (tokens, ``max_position_embeddings``) is the default worst case.
     """
 
     layers: int
@@ -74,6 +75,7 @@ class ModelGeometry:
     qk_rope_head_dim: int | None = None
     sliding_window: int | None = None
     sliding_layers: int | None = None
+    max_context: int | None = None
     source: str = "flags"
     notes: tuple[str, ...] = field(default=())
 
@@ -114,4 +116,5 @@ class ModelGeometry:
             "qk_rope_head_dim": self.qk_rope_head_dim,
             "sliding_window": self.sliding_window,
             "sliding_layers": self.sliding_layers,
+            "max_context": self.max_context,
         }

@@ -112,6 +112,6 @@ def _observed_header(observed: dict[str, Any]) -> str:
     engine = observed.get("engine") or "no engine found"
     sel = observed.get("selector") or "{}"
     return (
-        f"observed at {observed.get('at_rfc3339')} over {observed.get('window')} "
+        f"observed at {observed.get('at')} over {observed.get('window')} "
         f"({engine}, {sel}, {observed.get('url')}):"
     )
