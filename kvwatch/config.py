@@ -95,6 +95,10 @@ class LifecycleSettings(_Model):
     hold_down: Duration = 300.0
     reminder_interval: Duration = 14400.0
     silences: tuple[Silence, ...] = ()
+    #: a blind spot (state unknown) must persist this long before it becomes an incident
+    blind_spot_for: Duration = 900.0
+    #: an open incident whose target sent no data for this long is resolved as gone (0 = never)
+    forget_after: Duration = 86400.0
 
 
 class StateSettings(_Model):
@@ -137,14 +141,17 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """``KVWATCH_<SECTION>_<KEY>`` for every scalar key, plus :data:`ENV_ALIASES`."""
+    """``KVWATCH_<SECTION>_<KEY>`` for every key (string lists comma-separated), plus :data:`ENV_ALIASES`."""
     out: dict[str, Any] = {}
     for section, field in Settings.model_fields.items():
         sub = field.annotation
-        for key in getattr(sub, "model_fields", {}):
+        for key, info in getattr(sub, "model_fields", {}).items():
             name = f"KVWATCH_{section}_{key}".upper()
             if name in environ:
-                out.setdefault(section, {})[key] = environ[name]
+                value: Any = environ[name]
+                if info.annotation == tuple[str, ...]:  # lists of names/paths/URLs: comma-separated
+                    value = tuple(v.strip() for v in value.split(",") if v.strip())
+                out.setdefault(section, {})[key] = value
     for name, (section, key) in ENV_ALIASES.items():
         if environ.get(name):
             out.setdefault(section, {})[key] = environ[name]
@@ -173,6 +180,7 @@ def _problems(source: str, exc: ValidationError) -> list[Problem]:
         else:
             shown = "<secret>" if "token" in loc or "webhook" in loc or "headers" in loc else repr(given)
             expected = err["msg"].removeprefix("Value error, ").removeprefix("expected ").split("; got")[0]
+            expected = expected.removeprefix("Input should be ")  # pydantic's phrasing after "expected"
             msg = f"got {shown}, expected {expected}"
         out.append(Problem(source, loc, msg))
     return out

@@ -1,0 +1,1 @@
+"""Notification sinks: Slack (Web API or incoming webhook), Alertmanager, console log."""

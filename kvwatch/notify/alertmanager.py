@@ -1,0 +1,109 @@
+"""Alertmanager sink: POST ``/api/v2/alerts`` to every configured Alertmanager.
+
+Alertmanager wants active alerts re-sent regularly, so this sink is not an
+outbox: every cycle it posts all firing incidents (``endsAt`` a few intervals
+ahead, so alerts expire by themselves if kvwatch dies) and, once, the ones that
+resolved this cycle (``endsAt`` = resolution time). Two kvwatch replicas post
+identical label sets and Alertmanager deduplicates them. Config silences and
+pending incidents are not posted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import requests
+
+from kvwatch.config import Settings
+from kvwatch.lifecycle import Incident, IncidentState
+from kvwatch.notify.links import grafana_url, prometheus_url
+
+log = logging.getLogger("kvwatch.notify.alertmanager")
+
+#: firing alerts carry endsAt = now + this many evaluation intervals (min 5 minutes)
+EXPIRY_INTERVALS = 4
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def alertname(inc: Incident) -> str:
+    return "KVCache" + inc.key.mode.value.capitalize()
+
+
+def to_alert(settings: Settings, inc: Incident, now: float) -> dict[str, Any]:
+    """One Alertmanager v2 ``postableAlert``."""
+    labels = inc.label_map
+    out_labels = {"alertname": alertname(inc), "mode": inc.key.mode.value, "severity": inc.severity.value}
+    for k in ("job", "instance", "model", "engine"):
+        if labels.get(k):
+            out_labels[k] = labels[k]
+    annotations = {
+        "summary": inc.summary,
+        "triage": "\n".join(f"{i}. {s}" for i, s in enumerate(inc.triage, start=1)),
+        "rule": inc.rule_id,
+        "confidence": f"{inc.confidence:.2f}",
+    }
+    dash = grafana_url(settings, inc, now)
+    if dash:
+        annotations["dashboard_url"] = dash
+    if inc.state is IncidentState.RESOLVED:
+        ends = inc.resolved_at or now
+    else:
+        ends = now + max(300.0, EXPIRY_INTERVALS * settings.evaluation.interval)
+    return {
+        "labels": out_labels,
+        "annotations": annotations,
+        "startsAt": _iso(inc.fired_at or inc.started_at),
+        "endsAt": _iso(ends),
+        "generatorURL": prometheus_url(settings, inc, now),
+    }
+
+
+@dataclass(frozen=True)
+class PostResult:
+    url: str
+    alerts: int
+    ok: bool
+    error: str = ""
+
+
+class AlertmanagerSink:
+    name = "alertmanager"
+
+    def __init__(self, settings: Settings, session: requests.Session | None = None) -> None:
+        self.settings = settings
+        self.session = session or requests.Session()
+
+    def alerts(self, incidents: Iterable[Incident], now: float) -> list[dict[str, Any]]:
+        out = []
+        for inc in incidents:
+            if inc.silenced or inc.state is IncidentState.PENDING:
+                continue
+            if inc.state is IncidentState.RESOLVED and not inc.notified:
+                continue
+            out.append(to_alert(self.settings, inc, now))
+        return out
+
+    def sync(self, incidents: Iterable[Incident], now: float) -> list[PostResult]:
+        """Post the current alerts to every URL; never raises (one result per URL)."""
+        alerts = self.alerts(incidents, now)
+        results = []
+        if not alerts:
+            return results
+        for base in self.settings.alertmanager.urls:
+            url = base.rstrip("/") + "/api/v2/alerts"
+            try:
+                resp = self.session.post(url, json=alerts, timeout=self.settings.alertmanager.timeout)
+                if resp.status_code >= 300:
+                    raise requests.HTTPError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                results.append(PostResult(base, len(alerts), True))
+            except requests.RequestException as exc:
+                log.warning("kvwatch: Alertmanager at %s: %s", base, exc)
+                results.append(PostResult(base, len(alerts), False, str(exc)))
+        return results

@@ -1,0 +1,1 @@
+"""``kvwatch run``: the scheduled service (cycle, HTTP endpoints, signals) and ``once --notify``."""

@@ -1,0 +1,149 @@
+"""One service cycle: evaluate → lifecycle → persist → Alertmanager → drain the outbox → metrics.
+
+A cycle never raises: any failure is logged as one line, counted, and the next
+cycle runs. Exactly one summary line per cycle is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from kvwatch.config import Settings
+from kvwatch.errors import KvwatchError
+from kvwatch.lifecycle import EventKind, Lifecycle
+from kvwatch.models import Evaluation
+from kvwatch.notify.alertmanager import AlertmanagerSink
+from kvwatch.notify.base import Notifier
+from kvwatch.notify.console import event_line
+from kvwatch.notify.outbox import drain
+from kvwatch.pipeline import evaluate
+from kvwatch.promclient import QueryClient
+from kvwatch.ruleset import RuleSet
+from kvwatch.selfmetrics import SelfMetrics
+from kvwatch.state import MemoryStore
+
+log = logging.getLogger("kvwatch.service")
+
+
+@dataclass
+class CycleReport:
+    ok: bool
+    duration_s: float
+    states: dict[str, int] = field(default_factory=dict)
+    fired: int = 0
+    resolved: int = 0
+    open: int = 0
+    sent: int = 0
+    failed: int = 0
+    queued: int = 0
+    queries: int = 0
+    error: str = ""
+
+    def line(self, dry_run: bool = False) -> str:
+        states = ", ".join(f"{k} {v}" for k, v in sorted(self.states.items()) if v) or "none"
+        head = f"kvwatch cycle {'ok' if self.ok else 'error'}{' (dry-run)' if dry_run else ''} in {self.duration_s:.2f}s"
+        body = (f"targets: {sum(self.states.values())} ({states}); incidents: fired {self.fired}, "
+                f"resolved {self.resolved}, open {self.open}; notifications: sent {self.sent}, failed {self.failed}, "
+                f"queued {self.queued}; queries {self.queries}")
+        return f"{head}: {body}" + (f"; error: {self.error}" if self.error else "")
+
+
+@dataclass
+class Service:
+    """Everything a cycle needs, injected. ``clock`` returns Unix seconds."""
+
+    settings: Settings
+    rules: RuleSet
+    client: QueryClient
+    store: MemoryStore
+    notifiers: Mapping[str, Notifier]
+    metrics: SelfMetrics
+    alertmanager: AlertmanagerSink | None = None
+    clock: Callable[[], float] = time.time
+    dry_run: bool = False
+    #: the pipeline; injectable so the service is tested without Prometheus
+    evaluator: Callable[[QueryClient, Settings, RuleSet, datetime], Evaluation] = evaluate
+    lifecycle: Lifecycle = field(init=False)
+    last_ok_at: float | None = None
+    last_report: CycleReport | None = None
+    running: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.lifecycle = Lifecycle(self.settings.lifecycle)
+
+    def reconfigure(self, settings: Settings, rules: RuleSet, notifiers: Mapping[str, Notifier],
+                    alertmanager: AlertmanagerSink | None) -> None:
+        with self.running:
+            self.settings, self.rules, self.notifiers, self.alertmanager = settings, rules, notifiers, alertmanager
+            self.lifecycle = Lifecycle(settings.lifecycle)
+
+    def cycle(self) -> CycleReport:
+        """Run one cycle under the lock (so shutdown can wait for it)."""
+        with self.running:
+            return self._cycle()
+
+    def _queries(self) -> tuple[int, int]:
+        stats = getattr(self.client, "stats", None)
+        return getattr(stats, "queries", 0), getattr(stats, "errors", 0)
+
+    def _cycle(self) -> CycleReport:
+        t0 = time.monotonic()
+        now = self.clock()
+        q0, e0 = self._queries()
+        report = CycleReport(ok=True, duration_s=0.0)
+        try:
+            ev = self.evaluator(self.client, self.settings, self.rules, datetime.fromtimestamp(now, tz=UTC))
+            self._track(ev, now, report)
+        except KvwatchError as exc:
+            report.ok, report.error = False, str(exc)
+        except Exception as exc:  # a cycle must survive anything; the summary line says what
+            report.ok, report.error = False, f"{type(exc).__name__}: {exc}"
+        if not self.dry_run:
+            try:
+                d = drain(self.store, self.notifiers, now, on_result=self.metrics.notified)
+                report.sent, report.failed = d.sent, d.failed
+                for err in d.errors[:3]:
+                    log.warning("kvwatch: notification not delivered, will retry: %s", err)
+            except Exception as exc:
+                report.ok, report.error = False, report.error or f"delivery: {type(exc).__name__}: {exc}"
+        report.queued = self.store.pending()
+        q1, e1 = self._queries()
+        report.queries = q1 - q0
+        self.metrics.queries.inc(max(0, q1 - q0))
+        self.metrics.query_errors.inc(max(0, e1 - e0))
+        report.duration_s = time.monotonic() - t0
+        self.metrics.cycle_duration.observe(report.duration_s)
+        self.metrics.cycles.labels(outcome="ok" if report.ok else "error").inc()
+        if report.ok:
+            self.last_ok_at = self.clock()
+            self.metrics.last_cycle.set(self.last_ok_at)
+        self.last_report = report
+        (log.info if report.ok else log.error)("%s", report.line(self.dry_run))
+        return report
+
+    def _track(self, ev: Evaluation, now: float, report: CycleReport) -> None:
+        self.metrics.observe_evaluation(ev)
+        for r in ev.results:
+            report.states[r.state.value] = report.states.get(r.state.value, 0) + 1
+        incidents, events = self.lifecycle.step(self.store.load(), ev.results, now)
+        report.fired = sum(e.kind is EventKind.FIRE for e in events)
+        report.resolved = sum(e.kind is EventKind.RESOLVE for e in events)
+        if self.dry_run:
+            for e in events:
+                log.info("dry-run: %s", event_line(e))
+            self.store.commit(incidents, [])
+        else:
+            self.store.commit(incidents, [(sink, e) for e in events for sink in self.notifiers])
+            if self.alertmanager is not None:
+                for res in self.alertmanager.sync(incidents.values(), now):
+                    self.metrics.notified("alertmanager", "ok" if res.ok else "error")
+        self.metrics.observe_incidents(incidents)
+        report.open = sum(i.state.value == "firing" for i in incidents.values())
+
+    def ready(self, max_age_s: float) -> bool:
+        return self.last_ok_at is not None and self.clock() - self.last_ok_at <= max_age_s

@@ -1,0 +1,52 @@
+"""Build the edges from settings: the Prometheus client and the notification sinks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvwatch.config import Settings
+from kvwatch.notify.alertmanager import AlertmanagerSink
+from kvwatch.notify.base import Notifier
+from kvwatch.notify.console import ConsoleNotifier
+from kvwatch.notify.slack import ChartMaker, SlackNotifier, SlackWebhookNotifier
+from kvwatch.promclient import PromClient
+
+
+def make_client(settings: Settings) -> PromClient:
+    p = settings.prometheus
+    return PromClient(
+        p.url,
+        timeout_s=p.timeout,
+        retries=p.retries,
+        headers={k: v.get_secret_value() for k, v in p.headers.items()},
+        verify_tls=p.verify_tls,
+    )
+
+
+def make_notifiers(settings: Settings, chart: ChartMaker | None = None) -> dict[str, Notifier]:
+    """Outbox sinks by name: Slack bot and/or webhook; the console when nothing else is configured."""
+    out: dict[str, Notifier] = {}
+    s = settings.slack
+    if s.bot_token and s.channel:
+        out["slack"] = SlackNotifier(settings, chart=chart)
+    if s.webhook_url:
+        out["slack-webhook"] = SlackWebhookNotifier(settings)
+    if not out and not settings.alertmanager.urls:
+        out["console"] = ConsoleNotifier()
+    return out
+
+
+def make_alertmanager(settings: Settings) -> AlertmanagerSink | None:
+    return AlertmanagerSink(settings) if settings.alertmanager.urls else None
+
+
+def make_chart(settings: Settings, client: PromClient) -> ChartMaker | None:
+    """A chart renderer when ``slack.charts`` is on and matplotlib is installed."""
+    if not settings.slack.charts:
+        return None
+    try:
+        from kvwatch.notify.chart import chart_maker
+    except ImportError:
+        return None
+    maker: Callable[..., ChartMaker] = chart_maker
+    return maker(settings, client)

@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+from kvwatch.config import LifecycleSettings, Silence
+from kvwatch.lifecycle import (
+    EventKind,
+    Incident,
+    IncidentKey,
+    IncidentState,
+    Lifecycle,
+    open_counts,
+)
+from kvwatch.models import (
+    Diagnosis,
+    Evidence,
+    FailureMode,
+    Severity,
+    Target,
+    TargetKey,
+    TargetResult,
+)
+
+T = Target(TargetKey("vllm", "10.0.0.1:8000"), dialect="vllm-v1", engine="vllm", model="llama")
+FULL_KEY = IncidentKey("vllm", "10.0.0.1:8000", FailureMode.FULL)
+
+
+def diag(mode: FailureMode = FailureMode.FULL, sev: Severity = Severity.CRITICAL, for_s: float = 60.0) -> Diagnosis:
+    ev = (Evidence("kv_usage", "mean", 0.97, ">=", 0.9, "10m", True),)
+    return Diagnosis(mode, f"{mode.value}-rule", sev, 0.9, f"{mode.value} summary", ev, ("one", "two"), for_s=for_s)
+
+
+def result(*diags: Diagnosis, state: FailureMode | None = None, target: Target = T) -> TargetResult:
+    if not diags:
+        diags = (Diagnosis(FailureMode.HEALTHY, "healthy", Severity.INFO, 0.9, "ok", (), ("nothing",)),)
+    return TargetResult(target, state or diags[0].mode, diags, ())
+
+
+def unknown() -> TargetResult:
+    d = Diagnosis(FailureMode.UNKNOWN, "blind-spot", Severity.WARNING, 1.0, "blind", (), ("check",))
+    return TargetResult(T, FailureMode.UNKNOWN, (d,), ("kv_usage",))
+
+
+def lc(**kw: object) -> Lifecycle:
+    base = {"hold_down": 120.0, "reminder_interval": 0.0, "blind_spot_for": 300.0}
+    base.update(kw)
+    return Lifecycle(LifecycleSettings(**base))
+
+
+def run(life: Lifecycle, seq: list[tuple[float, list[TargetResult]]], **kw: bool):
+    incidents: dict[IncidentKey, Incident] = {}
+    log = []
+    for now, results in seq:
+        incidents, events = life.step(incidents, results, now, **kw)
+        log.extend((now, e.kind) for e in events)
+    return incidents, log
+
+
+def test_pending_then_fires_after_pending_for_once_only() -> None:
+    life = lc(pending_for=60)
+    seq = [(t, [result(diag(for_s=600))]) for t in (0, 30, 59, 60, 90, 120)]
+    incidents, log = run(life, seq)
+    assert log == [(60, EventKind.FIRE)]
+    inc = incidents[FULL_KEY]
+    assert inc.state is IncidentState.FIRING and inc.fired_at == 60 and inc.started_at == 0
+    assert dict(inc.labels)["engine"] == "vllm" and dict(inc.labels)["model"] == "llama"
+
+
+def test_rule_for_is_not_counted_twice() -> None:
+    # the rule's `for` was already verified over the evaluation window: fire on first match
+    _, log = run(lc(), [(t, [result(diag(for_s=600))]) for t in (0, 30)])
+    assert log == [(0, EventKind.FIRE)]
+    _, log = run(lc(pending_for=30), [(t, [result(diag(for_s=600))]) for t in (0, 29, 30)])
+    assert log == [(30, EventKind.FIRE)]
+
+
+def test_pending_that_clears_is_forgotten_silently() -> None:
+    incidents, log = run(lc(pending_for=60), [(0, [result(diag())]), (30, [result()]), (200, [result()])])
+    assert log == [] and incidents == {}
+
+
+def test_assume_held_fires_at_once() -> None:
+    incidents, log = run(lc(pending_for=600), [(1000, [result(diag(for_s=600))])], assume_held=True)
+    assert log == [(1000, EventKind.FIRE)]
+    assert incidents[FULL_KEY].started_at == 400
+
+
+def test_hold_down_prevents_flapping_and_resolves_later() -> None:
+    firing, clear = [result(diag(for_s=0))], [result()]
+    seq = [(0, firing), (10, clear), (60, firing), (70, clear), (150, clear), (179, clear), (181, clear)]
+    incidents, log = run(lc(hold_down=120), seq)
+    # clear since it was last seen at 60 → resolves at the first cycle ≥ 180
+    assert log == [(0, EventKind.FIRE), (181, EventKind.RESOLVE)]
+    assert FULL_KEY in incidents and incidents[FULL_KEY].state is IncidentState.RESOLVED
+    # a resolved incident is dropped on the next step; a recurrence is a new incident and fires again
+    inc2, ev = lc().step(incidents, firing, 300)
+    assert [e.kind for e in ev] == [EventKind.FIRE] and inc2[FULL_KEY].started_at == 300
+
+
+def test_escalation_updates_and_reminders() -> None:
+    warn, crit = result(diag(sev=Severity.WARNING, for_s=0)), result(diag(sev=Severity.CRITICAL, for_s=0))
+    seq = [(0, [warn]), (50, [crit]), (60, [warn]), (100, [crit]), (150, [warn]), (160, [warn])]
+    _, log = run(lc(reminder_interval=100), seq)
+    # escalation once; a downgrade and a re-escalation to the already notified severity say nothing
+    assert log == [(0, EventKind.FIRE), (50, EventKind.UPDATE), (150, EventKind.REMIND)]
+
+
+def test_blind_target_freezes_open_incidents() -> None:
+    firing = [result(diag(for_s=0))]
+    seq = [(0, firing), (100, [unknown()]), (500, [unknown()]), (1000, []), (1100, firing)]
+    incidents, log = run(lc(hold_down=60, blind_spot_for=300), seq)
+    # the full incident neither resolves nor re-fires; the blind spot itself fires after blind_spot_for
+    assert (0, EventKind.FIRE) in log
+    assert not any(k is EventKind.RESOLVE and t < 1100 for t, k in log if t)
+    assert incidents[FULL_KEY].state is IncidentState.FIRING
+    assert log.count((500, EventKind.FIRE)) == 1  # the unknown incident (400 s of blindness ≥ 300)
+    unk = IncidentKey("vllm", "10.0.0.1:8000", FailureMode.UNKNOWN)
+    assert incidents[unk].cleared_at == 500  # data is back: the blind-spot incident enters hold-down
+
+
+def test_forget_after_resolves_gone_targets() -> None:
+    incidents, log = run(lc(forget_after=1000), [(0, [result(diag(for_s=0))]), (500, []), (1000, [])])
+    assert log == [(0, EventKind.FIRE), (1000, EventKind.RESOLVE)]
+    assert incidents[FULL_KEY].resolution == "gone"
+
+
+def test_silence_suppresses_events_but_tracks() -> None:
+    sil = Silence(matchers={"instance": "10.0.0.1:8000", "mode": "full"}, until="2100-01-01T00:00:00Z")
+    incidents, log = run(lc(silences=(sil,)), [(0, [result(diag(for_s=0))]), (10, [result(diag(for_s=0))])])
+    assert log == [] and incidents[FULL_KEY].state is IncidentState.FIRING and incidents[FULL_KEY].silenced
+    expired = Silence(matchers={"mode": "full"}, until="2000-01-01T00:00:00Z")
+    now = 1.9e9  # 2030
+    _, log2 = run(lc(silences=(expired,)), [(now, [result(diag(for_s=0))])])
+    assert log2 == [(now, EventKind.FIRE)]
+    other = Silence(matchers={"mode": "idle"})
+    _, log3 = run(lc(silences=(other,)), [(0, [result(diag(for_s=0))])])
+    assert log3 == [(0, EventKind.FIRE)]
+
+
+def test_info_and_healthy_are_not_incidents() -> None:
+    info = diag(mode=FailureMode.IDLE, sev=Severity.INFO, for_s=0)
+    incidents, log = run(lc(), [(0, [result(info)]), (10, [result()])])
+    assert incidents == {} and log == []
+
+
+def test_incident_json_roundtrip_and_counts() -> None:
+    incidents, _ = run(lc(), [(0, [result(diag(for_s=0))])])
+    inc = incidents[FULL_KEY]
+    assert Incident.from_json(inc.to_json()) == inc
+    assert open_counts(incidents) == {("full", "critical"): 1}
+    assert IncidentKey.parse(str(FULL_KEY)) == FULL_KEY
