@@ -53,6 +53,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if getattr(args, "prometheus_url", None):
         over.setdefault("prometheus", {})["url"] = args.prometheus_url
     if getattr(args, "selector", None) is not None:
+        from kvwatch.selector import parse_selector
+
+        parse_selector(args.selector, "--selector")  # a bad flag is named as the flag, not as a file key
         over.setdefault("discovery", {})["selector"] = args.selector
     for flag in ("window", "step"):
         val = getattr(args, flag, None)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from typing import Any
 
 from kvwatch.models import Evaluation, FailureMode, TargetResult
 from kvwatch.render_template import Num
@@ -18,8 +20,19 @@ _ICON = {
 }
 
 
+def _finite(obj: Any) -> Any:
+    """NaN/±Inf → None (JSON has no such numbers; a missing value is null, never a fake 0)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def to_json(ev: Evaluation) -> str:
-    return json.dumps(ev.to_json(), indent=2, sort_keys=False, allow_nan=False, default=str)
+    return json.dumps(_finite(ev.to_json()), indent=2, sort_keys=False, allow_nan=False, default=str)
 
 
 def _state_label(r: TargetResult) -> str:

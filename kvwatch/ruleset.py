@@ -19,9 +19,18 @@ import string
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from kvwatch.config import Duration, read_yaml
 from kvwatch.errors import ConfigError, Problem
@@ -83,23 +92,36 @@ class Leaf(_M):
         base = facts.get(self.ref)
         return None if base is None else base * (1.0 if self.value is None else self.value)
 
+    # per-field checks so that errors name the offending key (file → rule → when… → signal)
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, v: str | None) -> str | None:
+        if v is not None and v not in SIGNAL_NAMES:
+            raise ValueError(f"unknown signal {v!r} (expected one of {', '.join(sorted(SIGNAL_NAMES))})")
+        return v
+
+    @field_validator("fact", "ref")
+    @classmethod
+    def _fact(cls, v: str | None) -> str | None:
+        if v is not None and v not in FACTS:
+            raise ValueError(f"unknown fact {v!r} (expected one of {', '.join(sorted(FACTS))})")
+        return v
+
+    @field_validator("stat")
+    @classmethod
+    def _stat(cls, v: str) -> str:
+        if v not in STATS:
+            raise ValueError(f"unknown stat {v!r} (expected one of {', '.join(sorted(STATS))})")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> Leaf:
         if (self.signal is None) == (self.fact is None):
             raise ValueError("a condition needs exactly one of 'signal' or 'fact'")
-        if self.signal is not None and self.signal not in SIGNAL_NAMES:
-            raise ValueError(f"unknown signal {self.signal!r} (expected one of {', '.join(sorted(SIGNAL_NAMES))})")
         if self.value is None and self.ref is None:
             raise ValueError("a condition needs a 'value' (or a 'ref' fact to compare against)")
-        if self.ref is not None and self.ref not in FACTS:
-            raise ValueError(f"unknown ref fact {self.ref!r} (expected one of {', '.join(sorted(FACTS))})")
-        if self.fact is not None and self.fact not in FACTS:
-            raise ValueError(f"unknown fact {self.fact!r} (expected one of {', '.join(sorted(FACTS))})")
-        if self.signal is not None:
-            if self.stat not in STATS:
-                raise ValueError(f"unknown stat {self.stat!r} (expected one of {', '.join(sorted(STATS))})")
-            if STATS[self.stat] and self.arg is None:
-                raise ValueError(f"stat {self.stat!r} needs an 'arg'")
+        if self.signal is not None and STATS[self.stat] and self.arg is None:
+            raise ValueError(f"stat {self.stat!r} needs an 'arg'")
         return self
 
 
@@ -118,7 +140,17 @@ class Group(_M):
         return self
 
 
-Node = Union[Group, Leaf]  # noqa: UP007 - pydantic needs the forward-referenced union
+def _node_kind(raw: Any) -> str:
+    """Pick the branch from the keys present, so a bad leaf is not also reported as a bad group."""
+    keys = raw.keys() if isinstance(raw, dict) else vars(raw) if isinstance(raw, BaseModel) else ()
+    return "group" if {"all", "any", "not", "not_"} & set(keys) else "leaf"
+
+
+# pydantic needs the forward-referenced union
+Node = Annotated[
+    Union[Annotated[Group, Tag("group")], Annotated[Leaf, Tag("leaf")]],  # noqa: UP007
+    Discriminator(_node_kind),
+]
 Group.model_rebuild()
 
 
@@ -204,7 +236,7 @@ def load_rule_file(path: Path) -> tuple[Rule, ...]:
             loc = list(err["loc"])
             where = ".".join(str(p) for p in loc)
             if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):
-                rest = ".".join(str(p) for p in loc[2:] if p not in ("Group", "Leaf"))
+                rest = ".".join(str(p) for p in loc[2:] if p not in ("group", "leaf"))
                 where = f"{_rule_label(raw_rules[loc[1]] if loc[1] < len(raw_rules) else None, loc[1])}: {rest}"
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":

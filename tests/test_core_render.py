@@ -1,0 +1,97 @@
+"""JSON and text rendering of an evaluation: strict JSON (never NaN), contract keys, order."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvwatch.models import (
+    Diagnosis,
+    Evaluation,
+    Evidence,
+    FailureMode,
+    Severity,
+    Target,
+    TargetKey,
+    TargetResult,
+)
+from kvwatch.render import to_json, to_text
+
+AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+FLOATS = st.floats(allow_nan=True, allow_infinity=True)
+
+
+def strict_loads(text: str) -> dict:
+    def reject(const: str) -> None:
+        raise AssertionError(f"JSON contains {const}")
+
+    return json.loads(text, parse_constant=reject)
+
+
+def result(state: FailureMode, *, observed: float | None = 0.97, confidence: float = 0.8,
+           facts: dict[str, float | None] | None = None, threshold: float = 0.8) -> TargetResult:
+    t = Target(TargetKey("vllm", "10.0.0.1:8000"), "vllm-v1", "vllm", "meta-llama/Llama-3.1-8B-Instruct")
+    ev = Evidence("kv_usage", "frac_above(0.9)", observed, ">=", threshold, "10m", True)
+    d = Diagnosis(state, f"{state}-rule", Severity.CRITICAL, confidence, "KV pinned.", (ev,), ("one", "two"),
+                  cause="")
+    return TargetResult(t, state, (d,), ("waiting_capacity", "max_running (no data)"),
+                        facts if facts is not None else {"capacity_tokens": 131072.0, "period": None})
+
+
+def evaluation(*results: TargetResult) -> Evaluation:
+    return Evaluation(evaluated_at=AT, results=results, window_s=1800.0, queries=42)
+
+
+def test_json_contract_keys() -> None:
+    doc = strict_loads(to_json(evaluation(result(FailureMode.FULL))))
+    assert doc["evaluated_at"] == "2026-11-29T10:00:00Z"
+    (t,) = doc["targets"]
+    assert t["labels"] == {"job": "vllm", "instance": "10.0.0.1:8000", "model": "meta-llama/Llama-3.1-8B-Instruct"}
+    assert (t["engine"], t["state"]) == ("vllm", "full")
+    (d,) = t["diagnoses"]
+    assert {"mode", "severity", "confidence", "summary", "evidence", "triage"} <= set(d)
+    assert d["evidence"][0] == {"signal": "kv_usage", "stat": "frac_above(0.9)", "observed": 0.97, "op": ">=",
+                                "threshold": 0.8, "window": "10m", "passed": True}
+    assert d["triage"] == ["one", "two"]
+    assert t["missing_signals"] == ["waiting_capacity", "max_running (no data)"]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_numbers_become_null_not_nan(bad: float) -> None:
+    r = result(FailureMode.FULL, observed=bad, confidence=bad, threshold=bad,
+               facts={"capacity_tokens": bad, "headroom_tokens": 5.0})
+    text = to_json(evaluation(r))
+    doc = strict_loads(text)
+    d = doc["targets"][0]["diagnoses"][0]
+    assert d["confidence"] is None and d["evidence"][0]["observed"] is None and d["evidence"][0]["threshold"] is None
+    assert doc["targets"][0]["facts"] == {"capacity_tokens": None, "headroom_tokens": 5.0}
+    assert "NaN" not in text and "Infinity" not in text
+
+
+@settings(max_examples=50)
+@given(st.dictionaries(st.sampled_from(["capacity_tokens", "period", "kv_cycles"]), FLOATS), FLOATS)
+def test_json_is_always_strict(facts: dict[str, float], observed: float) -> None:
+    strict_loads(to_json(evaluation(result(FailureMode.MISREAD, observed=observed, facts=facts))))
+
+
+def test_empty_fleet() -> None:
+    doc = strict_loads(to_json(evaluation()))
+    assert doc["targets"] == [] and doc["evaluated_at"] == "2026-11-29T10:00:00Z"
+    assert "0 targets" in to_text(evaluation())
+
+
+def test_text_shows_state_target_and_first_step() -> None:
+    text = to_text(evaluation(result(FailureMode.FULL)))
+    assert "full" in text and "vllm/10.0.0.1:8000" in text and "first: one" in text
+    assert "42 queries" in text
+    assert "blind: waiting_capacity, max_running (no data)" in text
+
+
+def test_text_survives_nan_everywhere() -> None:
+    r = result(FailureMode.FULL, observed=math.nan, confidence=math.nan, facts={"capacity_tokens": math.nan})
+    assert "vllm/10.0.0.1:8000" in to_text(evaluation(r))
