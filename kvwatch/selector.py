@@ -29,6 +29,26 @@ class Matcher:
         return f'{self.label}{self.op}"{escaped}"'
 
 
+_RE2_UNSUPPORTED = re.compile(r"\(\?<?[=!]|\\[1-9]")
+_UNICODE_CLASS = re.compile(r"\\[pP](\{[^}]*\}|[A-Za-z])")
+
+
+def _check_re2(value: str, where: str, label: str) -> None:
+    """Reject regexes Prometheus (RE2) would reject, as far as Python's engine can tell.
+
+    Lookarounds and back-references are Python-only; ``\\p{L}`` classes are RE2-only,
+    so they are neutralised before Python compiles the rest.
+    """
+    if _RE2_UNSUPPORTED.search(value):
+        raise SelectorError(
+            Problem(where, label, f"regex {value!r} uses lookaround or back-references, which Prometheus (RE2) rejects")
+        )
+    try:
+        re.compile(_UNICODE_CLASS.sub(".", value))
+    except re.error as exc:
+        raise SelectorError(Problem(where, label, f"invalid regex {value!r}: {exc}")) from None
+
+
 def _read_string(text: str, pos: int, where: str) -> tuple[str, int]:
     quote = text[pos] if pos < len(text) else ""
     if quote not in ('"', "'", "`"):
@@ -70,10 +90,7 @@ def parse_selector(text: str | None, where: str = "--selector") -> tuple[Matcher
             )
         value, pos = _read_string(body, m.end(), where)
         if m.group(2) in ("=~", "!~"):
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise SelectorError(Problem(where, m.group(1), f"invalid regex {value!r}: {exc}")) from None
+            _check_re2(value, where, m.group(1))
         matchers.append(Matcher(m.group(1), m.group(2), value))
         rest = body[pos:].lstrip()
         if rest.startswith(","):
