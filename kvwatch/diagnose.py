@@ -305,12 +305,13 @@ def diagnose_target(
     p = view.p
     sourced = view.data.sourced.get(view.key, set())
     missing: list[str] = []
+    i0 = view._start(p.window_s)
     for sig in Signal:
         if sig not in sourced:
             missing.append(sig.value)
         else:
-            st = view.stats(sig.value, p.window_s)
-            if st is None or len(st) == 0:
+            v = view.data.values(view.key, sig)
+            if v is None or not np.isfinite(v[i0:]).any():
                 missing.append(f"{sig.value} (no data)")
     facts = facts_for(view, group)
     if view.target.dialect == "stale":
