@@ -9,6 +9,7 @@ decided for lack of data is reported as a blind spot.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections import defaultdict
@@ -216,6 +217,7 @@ class _Eval:
         return None if unknown else not decisive
 
 
+@functools.lru_cache(maxsize=64)
 def _fmt_span(seconds: float) -> str:
     return f"{seconds / 60:g}m" if seconds >= 60 else f"{seconds:g}s"
 

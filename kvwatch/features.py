@@ -9,7 +9,6 @@ are no samples, never 0: a missing value must not read as "fine".
 from __future__ import annotations
 
 import math
-from functools import cached_property
 
 import numpy as np
 
@@ -17,14 +16,33 @@ import numpy as np
 MIN_SAMPLES = 4
 
 
+def _memo(fn):  # type: ignore[no-untyped-def]
+    """Cache a zero-argument method's result on the instance (functools.cached_property
+    takes a lock on every access in Python 3.11, which dominates on 60-sample series)."""
+    name = fn.__name__
+
+    def get(self):  # type: ignore[no-untyped-def]
+        memo = self._memo
+        if name not in memo:
+            memo[name] = fn(self)
+        return memo[name]
+
+    return property(get, doc=fn.__doc__)
+
+
 class SeriesStats:
     """Statistics of samples ``values`` taken at times ``ts`` (Unix seconds), oldest first."""
 
+    __slots__ = ("_memo", "expected", "ts", "v")
+
     def __init__(self, ts: np.ndarray, values: np.ndarray, expected: int = 0) -> None:
         ok = np.isfinite(values)
-        self.ts = ts[ok]
-        self.v = values[ok]
+        if ok.all():
+            self.ts, self.v = ts, values
+        else:
+            self.ts, self.v = ts[ok], values[ok]
         self.expected = max(expected, len(values))
+        self._memo: dict[str, object] = {}
 
     def __len__(self) -> int:
         return len(self.v)
@@ -39,23 +57,23 @@ class SeriesStats:
             return None
         return float(getattr(np, fn)(self.v))
 
-    @cached_property
+    @_memo
     def mean(self) -> float | None:
         return float(self.v.sum()) / len(self.v) if len(self.v) else None
 
-    @cached_property
+    @_memo
     def max(self) -> float | None:
         return self._agg("max")
 
-    @cached_property
+    @_memo
     def min(self) -> float | None:
         return self._agg("min")
 
-    @cached_property
+    @_memo
     def median(self) -> float | None:
         return self.quantile(0.5)
 
-    @cached_property
+    @_memo
     def std(self) -> float | None:
         return self._agg("std")
 
@@ -67,7 +85,7 @@ class SeriesStats:
     def range(self) -> float | None:
         return None if not len(self.v) else float(self.v.max() - self.v.min())
 
-    @cached_property
+    @_memo
     def _sorted(self) -> np.ndarray:
         return np.sort(self.v)
 
@@ -99,7 +117,7 @@ class SeriesStats:
             return 0.0
         return np.count_nonzero(self.v >= top * (1 - tol)) / len(self.v)
 
-    @cached_property
+    @_memo
     def slope(self) -> float | None:
         """Least-squares trend in units per minute (None with < MIN_SAMPLES samples)."""
         if len(self.v) < MIN_SAMPLES or np.ptp(self.ts) <= 0:
@@ -135,7 +153,7 @@ class SeriesStats:
             return 0
         return self.cycles(hi - 0.3 * span, lo + 0.3 * span)
 
-    @cached_property
+    @_memo
     def _periodogram(self) -> tuple[float, float] | None:
         """(dominant period in seconds, share of spectral power at that peak)."""
         from scipy.signal import periodogram

@@ -46,95 +46,112 @@ TRITON_TOKENS: Bounds = (10.0, 50.0, 100.0, 500.0, 1000.0)
 def vllm_token_buckets(max_model_len: int) -> Bounds:
     """vLLM's 1-2-5 series up to ``max_model_len`` (request_prompt/generation_tokens)."""
     out: list[float] = []
-    mantissa, exponent = (1, 2, 5), 0
+    exponent = 0
     while True:
-        for m in mantissa:
-            v = float(m * 10**exponent)
-            if v > max_model_len:
+        for mantissa in (1, 2, 5):
+            value = float(mantissa * 10**exponent)
+            if value > max_model_len:
                 return tuple(out)
-            out.append(v)
+            out.append(value)
         exponent += 1
 
 
-#: union boundaries recorded by the engine per quantity (max_model_len up to 1M tokens)
+def _union(*sets: Bounds) -> Bounds:
+    return tuple(sorted(set().union(*sets)))
+
+
+#: union boundaries recorded by the engine per quantity (token counts up to 1M)
 UNION: Mapping[str, Bounds] = {
-    "ttft": tuple(sorted(set(VLLM_TTFT) | set(SGLANG_TTFT_OLD) | set(SGLANG_TTFT))),
-    "itl": tuple(sorted(set(VLLM_ITL) | set(SGLANG_TPOT_OLD) | set(SGLANG_ITL))),
+    "ttft": _union(VLLM_TTFT, SGLANG_TTFT_OLD, SGLANG_TTFT),
+    "itl": _union(VLLM_ITL, SGLANG_TPOT_OLD, SGLANG_ITL),
     "tpot_req": VLLM_ITL,
-    "e2e": tuple(sorted(set(VLLM_LATENCY) | set(SGLANG_E2E))),
-    "queue": tuple(sorted(set(VLLM_LATENCY) | set(SGLANG_QUEUE))),
-    "prompt_tokens": tuple(sorted(set(vllm_token_buckets(1_000_000)) | set(TRITON_TOKENS))),
-    "gen_tokens": tuple(sorted(set(vllm_token_buckets(1_000_000)) | set(TRITON_TOKENS))),
+    "e2e": _union(VLLM_LATENCY, SGLANG_E2E),
+    "queue": _union(VLLM_LATENCY, SGLANG_QUEUE),
+    "prompt_tokens": _union(vllm_token_buckets(1_000_000), TRITON_TOKENS),
+    "gen_tokens": _union(vllm_token_buckets(1_000_000), TRITON_TOKENS),
 }
-_OFFSET = 1e7  # separates quantities in one sorted axis; every observation stays < 1e7
+QUANTITIES: tuple[str, ...] = tuple(UNION)
+TTFT, ITL, TPOT_REQ, E2E, QUEUE, PROMPT_TOKENS, GEN_TOKENS = range(len(QUANTITIES))
+_OFFSET = 1e7  # separates quantities on one sorted axis; observations are clipped below it
 
 
 class HistBank:
-    """Cumulative-free histograms of several quantities in one flat counts array.
+    """Histograms of all quantities in one flat (non-cumulative) counts vector.
 
-    ``counts`` holds per-bucket (non-cumulative) counts of every quantity back to back,
-    each block ending with its ``+Inf`` bucket; ``sums`` holds the per-quantity sums.
-    One ``observe`` call costs one searchsorted and two bincounts for all quantities.
+    Producers append plain floats to ``pending[q]`` (cheap; the lists are never replaced);
+    they are binned in one searchsorted pass when the state is read. Each quantity's block of ``counts`` ends with
+    its ``+Inf`` bucket; ``sums`` holds the per-quantity sums.
     """
 
-    def __init__(self, union: Mapping[str, Bounds] = UNION) -> None:
-        self.names: tuple[str, ...] = tuple(union)
-        self.bounds = dict(union)
-        self.index = {n: i for i, n in enumerate(self.names)}
+    def __init__(self) -> None:
+        self.bounds = dict(UNION)
+        self.index = {n: i for i, n in enumerate(QUANTITIES)}
         edges: list[float] = []
         self.start: dict[str, int] = {}
-        for i, name in enumerate(self.names):
-            self.start[name] = len(edges)  # each block has len(bounds)+1 buckets
-            edges.extend(i * _OFFSET + b for b in union[name])
-            edges.append(i * _OFFSET + _OFFSET / 2)  # upper edge of this block's +Inf bucket
+        for i, name in enumerate(QUANTITIES):
+            self.start[name] = len(edges)
+            edges.extend(i * _OFFSET + b for b in UNION[name])
+            edges.append(i * _OFFSET + _OFFSET / 2)  # upper edge of the +Inf bucket
         self._edges = np.asarray(edges)
-        self._bisect_edges = {n: list(union[n]) for n in self.names}
+        self._lists = [list(UNION[n]) for n in QUANTITIES]
         self.size = len(edges)
         self.counts = np.zeros(self.size)
-        self.sums = np.zeros(len(self.names))
+        self.sums = np.zeros(len(QUANTITIES))
+        self.pending: list[list[float]] = [[] for _ in QUANTITIES]
+        self._starts = [self.start[n] for n in QUANTITIES]
+        self._weights = [0.0] * self.size  # weighted observations (observe_n), unflushed
+        self._wsums = [0.0] * len(QUANTITIES)
 
-    def observe(self, obs: Mapping[str, np.ndarray]) -> None:
-        """Record arrays of observations, keyed by quantity name."""
-        parts = [(self.index[k], v) for k, v in obs.items() if len(v)]
-        if not parts:
+    def observe_n(self, q: int, value: float, n: float) -> None:
+        """Record ``n`` observations of the same ``value`` of quantity index ``q``."""
+        if n > 0:
+            self._weights[self._starts[q] + bisect.bisect_left(self._lists[q], value)] += n
+            self._wsums[q] += value * n
+
+    def flush(self) -> None:
+        """Bin the pending observations."""
+        if any(self._wsums):
+            self.counts += self._weights
+            self.sums += self._wsums
+            self._weights = [0.0] * self.size
+            self._wsums = [0.0] * len(QUANTITIES)
+        sizes = [len(p) for p in self.pending]
+        if not any(sizes):
             return
-        qid = np.concatenate([np.full(len(v), i) for i, v in parts])
-        vals = np.concatenate([v for _, v in parts])
+        vals = np.fromiter((v for p in self.pending for v in p), float, sum(sizes))
+        qid = np.repeat(np.arange(len(sizes)), sizes)
         keyed = np.minimum(vals, _OFFSET / 4) + qid * _OFFSET
-        idx = np.searchsorted(self._edges, keyed, side="left")
-        self.counts += np.bincount(idx, minlength=self.size)
-        self.sums += np.bincount(qid, weights=vals, minlength=len(self.names))
-
-    def observe_n(self, name: str, value: float, n: float) -> None:
-        """Record ``n`` observations of the same ``value`` (scalar fast path)."""
-        if n <= 0:
-            return
-        pos = bisect.bisect_left(self._bisect_edges[name], value)
-        self.counts[self.start[name] + pos] += n
-        self.sums[self.index[name]] += value * n
+        self.counts += np.bincount(np.searchsorted(self._edges, keyed, side="left"),
+                                   minlength=self.size)
+        self.sums += np.bincount(qid, weights=vals, minlength=len(sizes))
+        for p in self.pending:
+            p.clear()
 
     def reset(self) -> None:
+        for p in self.pending:
+            p.clear()
+        self._weights = [0.0] * self.size
+        self._wsums = [0.0] * len(QUANTITIES)
         self.counts[:] = 0.0
         self.sums[:] = 0.0
 
     def state(self) -> np.ndarray:
         """Counts followed by sums, as one copyable vector."""
+        self.flush()
         return np.concatenate([self.counts, self.sums])
 
 
 def select(bank: HistBank, name: str, state: np.ndarray, bounds: Iterable[float]
            ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-    """Cumulative counts at ``bounds`` (+Inf last), the count and the sum of ``name``.
+    """Cumulative counts at ``bounds`` then +Inf, the count and the sum of ``name``.
 
     ``state`` is one ``HistBank.state()`` vector or a ``(T, n)`` stack of them.
     """
     union = bank.bounds[name]
     start = bank.start[name]
-    block = state[..., start:start + len(union) + 1]
-    cum = np.cumsum(block, axis=-1)
+    cum = np.cumsum(state[..., start:start + len(union) + 1], axis=-1)
     pos = {b: i for i, b in enumerate(union)}
-    out = [cum[..., pos[b]] for b in bounds]
     total = cum[..., -1]
+    out = [cum[..., pos[b]] for b in bounds]
     out.append(total)
-    s = state[..., bank.size + bank.index[name]]
-    return out, total, s
+    return out, total, state[..., bank.size + bank.index[name]]

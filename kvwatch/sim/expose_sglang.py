@@ -1,0 +1,78 @@
+"""SGLang dialects: 0.5.x (``sglang:`` or ``sglang_``) and the 0.3-0.4.0 set (§3)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+import numpy as np
+
+from kvwatch.sim import buckets as B
+from kvwatch.sim.expose import Families, Family, Labels, register
+from kvwatch.sim.trace import EngineView
+from kvwatch.sim.vocab import Dialect
+
+
+def _hit_rate(view: EngineView) -> object:
+    q, h = np.asarray(view.c["prefix_queries"]), np.asarray(view.c["prefix_hits"])
+    return np.divide(h, q, out=np.zeros_like(q, dtype=float), where=q > 0)
+
+
+def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Family]:
+    view = views[0]
+    g, c = view.g, view.c
+    f = Families()
+    p = "sglang_" if d is Dialect.SGLANG_UNDERSCORE else "sglang:"
+    tok: Labels = (("model_name", model_name),)  # tokenizer-manager metrics
+    if d is Dialect.SGLANG_0_4_0:
+        sched = tok
+    else:  # scheduler metrics carry the engine and rank labels (>= 0.4.10)
+        sched = (("engine_type", "unified"), ("model_name", model_name), ("pp_rank", "0"),
+                 ("tp_rank", "0"))
+    used_tokens = np.asarray(g["used_blocks"]) * view.config.block_size
+    f.counter(f"{p}prompt_tokens_total", "Number of prefill tokens processed.", tok,
+              c["prompt_tokens"])
+    f.counter(f"{p}generation_tokens_total", "Number of generation tokens processed.", tok,
+              c["generation_tokens"])
+    f.gauge(f"{p}token_usage", "The token usage.", sched, np.round(g["usage"], 2))
+    f.gauge(f"{p}cache_hit_rate", "The prefix cache hit rate.", sched, _hit_rate(view))
+    if d is Dialect.SGLANG_0_4_0:
+        f.histogram(f"{p}time_to_first_token_seconds",
+                    "Histogram of time to first token in seconds.", tok, view, "ttft",
+                    B.SGLANG_TTFT_OLD)
+        f.histogram(f"{p}e2e_request_latency_seconds",
+                    "Histogram of End-to-end request latency in seconds", tok, view, "e2e",
+                    B.SGLANG_E2E_OLD)
+        f.histogram(f"{p}time_per_output_token_seconds",
+                    "Histogram of time per output token in seconds.", tok, view, "itl",
+                    B.SGLANG_TPOT_OLD)
+    f.gauge(f"{p}num_running_reqs", "The number of running requests.", sched, g["running"])
+    f.gauge(f"{p}num_used_tokens", "The number of used tokens.", sched, used_tokens)
+    f.gauge(f"{p}gen_throughput", "The generation throughput (token/s).", sched, g["gen_tps"])
+    f.gauge(f"{p}num_queue_reqs", "The number of requests in the waiting queue.", sched,
+            g["waiting"])
+    if d is Dialect.SGLANG_0_4_0:
+        return f.done()
+    f.gauge(f"{p}max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
+            sched, float(view.config.num_blocks * view.config.block_size))
+    f.counter(f"{p}num_retracted_requests_total", "Total number of retracted requests.", sched,
+              c["preemptions"])
+    f.histogram(f"{p}queue_time_seconds", "Histogram of queueing time in seconds.", sched, view,
+                "queue", B.SGLANG_QUEUE)
+    f.counter(f"{p}cached_tokens_total", "Number of cached prompt tokens.", tok, c["prefix_hits"])
+    finished = (np.asarray(c["success_stop"]) + np.asarray(c["success_length"])
+                + np.asarray(c["aborted"]))
+    f.counter(f"{p}num_requests_total", "Number of requests processed.", tok, finished)
+    f.counter(f"{p}num_aborted_requests_total", "Number of requests aborted.", tok, c["aborted"])
+    f.histogram(f"{p}time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                tok, view, "ttft", B.SGLANG_TTFT)
+    f.histogram(f"{p}inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                tok, view, "itl", B.SGLANG_ITL)
+    f.histogram(f"{p}e2e_request_latency_seconds",
+                "Histogram of End-to-end request latency in seconds", tok, view, "e2e",
+                B.SGLANG_E2E)
+    return f.done()
+
+
+for _dialect in (Dialect.SGLANG_0_5, Dialect.SGLANG_0_4_0, Dialect.SGLANG_UNDERSCORE):
+    register(_dialect)(partial(_render, _dialect))
