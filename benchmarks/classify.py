@@ -21,36 +21,21 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from kvwatch.collect import collect
 from kvwatch.config import load_settings
 from kvwatch.diagnose import Params, diagnose
-from kvwatch.dialects import DIALECT_BY_ID
 from kvwatch.discover import discover
-from kvwatch.collect import collect
 from kvwatch.pipeline import evaluate
 from kvwatch.promclient import PromClient
-from kvwatch.quality import score
+from kvwatch.quality import score, static_baseline
 from kvwatch.ruleset import load_ruleset
-from kvwatch.signals import Signal
 from kvwatch.sim.corpus import build_corpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from support.prom import backfill, prometheus  # noqa: E402
-
+from support.prom import backfill, prometheus
 
 #: simulator dialects that export no KV-cache metric at all (trtllm-serve's first generation)
 DIALECT_HAS_KV = {"trtllm-serve-genA": False}
-
-
-def static_baseline(client: PromClient, at: datetime) -> dict[str, bool]:
-    """instance → whether `min_over_time(usage[5m]) > 0.9` fires (KV usage of each dialect)."""
-    names = sorted({s.metric for d in DIALECT_BY_ID.values() for s in d.sources.get(Signal.KV_USAGE, ())})
-    fired: dict[str, bool] = {}
-    for name in names:
-        src = next(s for d in DIALECT_BY_ID.values() for s in d.sources.get(Signal.KV_USAGE, ()) if s.metric == name)
-        sel = f"{name}{{{src.matchers}}}" if src.matchers else name
-        for row in client.instant(f"max by (instance) (min_over_time({sel}[5m])) > 0.9", at):
-            fired[row["metric"]["instance"]] = True
-    return fired
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
                 misses.append(f"  {inst:<52} {t['dialect']:<18} expected {t['expected']:<11} got {pred:<11} ({rule})")
         rep = score(pairs)
         scored = {i: t for i, t in expected.items() if DIALECT_HAS_KV.get(t["dialect"], True)}
-        base_pairs = [(t["expected"], "full" if base.get(i) else "healthy") for i, t in scored.items()]
+        base_pairs = [(t["expected"], "full" if i in base else "healthy") for i, t in scored.items()]
         brep = score(base_pairs)
         alerting = [t for t in scored.values() if t["expected"] != "healthy"]
-        caught = sum(1 for t in alerting if base.get(t["instance"]))
+        caught = sum(1 for t in alerting if t["instance"] in base)
         print(f"corpus: {len(expected)} targets ({args.seeds} seeds, {'full cross' if args.full_cross else 'rotating'} dialects);"
               f" simulate {t_sim:.1f}s, backfill {t_fill:.1f}s, one evaluation {t_eval:.2f}s with {ev.queries} queries")
         print()

@@ -9,6 +9,7 @@ through ``histogram_quantile`` over ``le``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -17,10 +18,11 @@ from datetime import UTC, datetime
 import numpy as np
 
 from kvwatch.dialects import DIALECT_BY_ID, Source, SourceKind
+from kvwatch.durations import parse_duration
 from kvwatch.fleetdata import FleetData
 from kvwatch.models import Target, TargetKey
 from kvwatch.promclient import QueryClient, Series
-from kvwatch.signals import Signal
+from kvwatch.signals import SIGNAL_INFO, Signal
 
 
 def resolve(target: Target) -> dict[Signal, Source]:
@@ -37,15 +39,21 @@ def resolve(target: Target) -> dict[Signal, Source]:
     return out
 
 
-def plan(targets: list[Target], user_matchers: str, rate_window: str) -> dict[str, list[tuple[Signal, set[TargetKey], Source]]]:
-    """PromQL → the (signal, targets, source) it serves. Identical queries are sent once."""
+def plan(
+    targets: list[Target], user_matchers: str, rate_window: str, latency_window: str | None = None
+) -> dict[str, list[tuple[Signal, set[TargetKey], Source]]]:
+    """PromQL → the (signal, targets, source) it serves. Identical queries are sent once.
+
+    ``latency_window`` (default: ``rate_window``) is the window of histogram quantiles
+    and means: a tail needs more requests than a 2-minute rate holds to be stable.
+    """
     uses: dict[tuple[Signal, Source], set[TargetKey]] = defaultdict(set)
     for t in targets:
         for sig, src in resolve(t).items():
             uses[(sig, src)].add(t.key)
     queries: dict[str, list[tuple[Signal, set[TargetKey], Source]]] = defaultdict(list)
     for (sig, src), keys in uses.items():
-        queries[src.promql(user_matchers, rate_window)].append((sig, keys, src))
+        queries[src.promql(user_matchers, rate_window, latency_window)].append((sig, keys, src))
     return dict(queries)
 
 
@@ -65,15 +73,76 @@ def cache_info_tokens(labels: dict[str, str]) -> float | None:
     return None if blocks is None or size is None else blocks * size
 
 
+def _points(vals: object) -> np.ndarray | None:
+    """``values`` of one series as an (n, 2) float array [ts, value]; malformed points are dropped.
+
+    Accepts the ndarray :func:`~kvwatch.promclient.decode_matrix` produces or the JSON
+    list of ``[ts, "v"]`` pairs. ``"NaN"``/``"+Inf"`` stay NaN/inf (never 0).
+    """
+    if isinstance(vals, np.ndarray):
+        return vals if vals.ndim == 2 and vals.shape[1] == 2 and vals.dtype.kind == "f" else None
+    if not isinstance(vals, list) or not vals:
+        return None
+    try:
+        arr = np.array(vals, dtype=float)  # one C pass when every point is well formed
+        if arr.ndim == 2 and arr.shape[1] == 2:
+            return arr
+    except (TypeError, ValueError, OverflowError):
+        pass
+    pts: list[tuple[float, float]] = []
+    for p in vals:
+        try:
+            t, v = p
+            pts.append((float(t), float(v)))
+        except (TypeError, ValueError, OverflowError):
+            continue
+    return np.array(pts, dtype=float).reshape(-1, 2)
+
+
 def _to_grid(series: Series, grid: np.ndarray, step: float, transform: float | None = None) -> np.ndarray:
+    """Place a series' samples on ``grid`` (nearest slot); slots without a sample are NaN."""
     out = np.full(len(grid), np.nan)
-    vals = series.get("values") or []
-    if not vals or not len(grid):
+    arr = _points(series.get("values")) if isinstance(series, dict) else None
+    if arr is None or not len(arr) or not len(grid) or not step > 0:
         return out
-    arr = np.array([(float(t), float(v)) for t, v in vals], dtype=float)
-    idx = np.rint((arr[:, 0] - grid[0]) / step).astype(int)
-    ok = (idx >= 0) & (idx < len(grid))
-    out[idx[ok]] = arr[ok, 1] if transform is None else transform
+    with np.errstate(invalid="ignore", over="ignore"):
+        pos = (arr[:, 0] - grid[0]) / step
+    ok = np.isfinite(pos) & (pos > -0.5) & (pos < len(grid) - 0.5)
+    idx = np.rint(pos[ok]).astype(np.int64)
+    out[idx] = arr[ok, 1] if transform is None else transform
+    return out
+
+
+_LATENCY_KINDS = (SourceKind.HIST_QUANTILE, SourceKind.HIST_MEAN)
+
+
+def _latency_hold(latency_window: str | None, step_s: float) -> int:
+    """Grid steps between latency samples: about a tenth of the latency window, at least 1."""
+    if not latency_window or step_s <= 0:
+        return 1
+    try:
+        lw = parse_duration(latency_window)
+    except ValueError:
+        return 1
+    return max(1, int(lw / 10 // step_s))
+
+
+def _hold_forward(vals: np.ndarray, k0: int, hold: int) -> np.ndarray:
+    """Spread samples taken every ``hold`` slots (from slot ``k0``) over the slots after them."""
+    out = vals.copy()
+    for k in range(k0, len(vals), hold):
+        out[k : k + hold] = vals[k]
+    if k0:
+        out[:k0] = np.nan  # before the first coarse sample nothing is known
+    return out
+
+
+def _instant_to_grid(series: Series, n: int) -> np.ndarray:
+    """A static signal read at the evaluation instant, held over the whole grid."""
+    out = np.full(n, np.nan)
+    point = series.get("value") if isinstance(series, dict) else None
+    with contextlib.suppress(TypeError, ValueError, IndexError, KeyError, OverflowError):
+        out[:] = float(point[1])  # type: ignore[index]
     return out
 
 
@@ -87,6 +156,7 @@ def collect(
     rate_window: str,
     user_matchers: str,
     max_concurrency: int = 4,
+    latency_window: str | None = None,
 ) -> FleetData:
     """Fetch every signal of every target over [at − window, at] on a ``step_s`` grid."""
     end = at.timestamp()
@@ -96,9 +166,28 @@ def collect(
     data = FleetData(grid=grid, targets={t.key: t for t in targets})
     for t in targets:
         data.sourced[t.key] = set(resolve(t))
-    queries = plan(targets, user_matchers, rate_window)
+    queries = plan(targets, user_matchers, rate_window, latency_window)
+
+    # Static signals (pool size, max concurrency) only need their value now: one instant
+    # query instead of a range query over the whole window.
+    static = {q for q, uses in queries.items() if all(SIGNAL_INFO[sig].static for sig, _, _ in uses)}
+
+    # Histogram quantiles over a long latency window change slowly; sampling them at
+    # ~1/10 of that window (a multiple of the step, aligned to the grid) costs
+    # Prometheus a fraction of the full resolution. Values are held between samples.
+    hold = _latency_hold(latency_window, step_s)
+    coarse = {
+        q for q, uses in queries.items()
+        if hold > 1 and all(src.kind in _LATENCY_KINDS for _, _, src in uses)
+    }
+    k0 = n % hold if hold > 1 else 0
+    coarse_start = datetime.fromtimestamp(grid[k0], tz=UTC)
 
     def run(q: str) -> tuple[str, list[Series]]:
+        if q in static:
+            return q, client.instant(q, at)
+        if q in coarse:
+            return q, client.range(q, coarse_start, at, step_s * hold)
         return q, client.range(q, start, at, step_s)
 
     with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
@@ -106,17 +195,25 @@ def collect(
     for q, rows in answers:
         for sig, keys, src in queries[q]:
             for row in rows:
-                m = row.get("metric", {})
-                key = TargetKey(m.get("job", ""), m.get("instance", ""))
+                m = row.get("metric") if isinstance(row, dict) else None
+                if not isinstance(m, dict):
+                    continue
+                key = TargetKey(str(m.get("job", "")), str(m.get("instance", "")))
                 if key not in keys:
                     continue
+                if q in static:
+                    vals = _instant_to_grid(row, len(grid))
+                else:
+                    vals = _to_grid(row, grid, step_s)
+                    if q in coarse:
+                        vals = _hold_forward(vals, k0, hold)
                 if src.kind is SourceKind.VLLM_CACHE_INFO:
                     tokens = cache_info_tokens(m)
                     if tokens is None:
                         continue
-                    vals = _to_grid(row, grid, step_s, transform=tokens)
+                    vals = np.where(np.isnan(vals), np.nan, tokens)
                     prev = data.values(key, sig)
                     data.put(key, sig, vals if prev is None else np.fmax(prev, vals))
                 else:
-                    data.put(key, sig, _to_grid(row, grid, step_s))
+                    data.put(key, sig, vals)
     return data

@@ -48,6 +48,8 @@ class EvaluationSettings(_Model):
     window: Duration = 1800.0
     step: Duration = 30.0
     rate_window: Duration = 120.0
+    #: window of TTFT/queue/ITL histogram quantiles: a p99 needs enough requests to be stable
+    latency_window: Duration = 600.0
     #: TTFT SLO in seconds used by the misread rules (the tail must exceed it)
     ttft_slo: Duration = 2.0
 

@@ -74,9 +74,15 @@ class Source:
     def _sel(self, suffix: str, user: str) -> str:
         return selector(f"{self.metric}{suffix}", self.matchers, user)
 
-    def promql(self, user_matchers: str, rate_window: str) -> str:
-        """Render the PromQL that yields this signal for every target at once."""
+    def promql(self, user_matchers: str, rate_window: str, latency_window: str | None = None) -> str:
+        """Render the PromQL that yields this signal for every target at once.
+
+        Histogram quantiles and means use ``latency_window`` when given (a stable tail
+        needs more requests than a short rate window holds), counters ``rate_window``.
+        """
         k = self.kind
+        if latency_window and k in (SourceKind.HIST_QUANTILE, SourceKind.HIST_MEAN):
+            rate_window = latency_window
         if k is SourceKind.GAUGE:
             q = f"{self.agg} by ({BY}) ({self._sel('', user_matchers)})"
         elif k is SourceKind.COUNTER:
@@ -289,7 +295,21 @@ def _trtllm_serve(p: str, m: str) -> dict[Signal, tuple[Source, ...]]:
                 Source(G, f"{p}num_scheduled_requests", agg="sum"),
                 Source(G, f"{p}num_requests_running", agg="sum"),
             ),
-            Signal.WAITING: Source(G, f"{p}num_requests_waiting", agg="sum"),
+            Signal.WAITING: (
+                # queued in the executor plus active-but-unscheduled (waiting for KV blocks
+                # or a wedged scheduler): the same reading as Triton's request_type="waiting"
+                Source(
+                    X,
+                    f"{p}num_requests_waiting",
+                    expr=lambda sel, rw: (
+                        f"sum by ({BY}) ({sel(p + 'num_requests_waiting', '')}) + on ({BY}) "
+                        f"clamp_min(sum by ({BY}) ({sel(p + 'num_requests_running', '')}) - on ({BY}) "
+                        f"sum by ({BY}) ({sel(p + 'num_scheduled_requests', '')}), 0)"
+                    ),
+                    extra_requires=(f"{p}num_requests_running", f"{p}num_scheduled_requests"),
+                ),
+                Source(G, f"{p}num_requests_waiting", agg="sum"),
+            ),
             Signal.PREEMPTIONS: Source(G, f"{p}num_paused_requests", agg="sum"),
             Signal.GEN_TPS: Source(C, f"{p}generation_tokens_total", agg="sum"),
             Signal.PROMPT_TPS: Source(C, f"{p}prompt_tokens_total", agg="sum"),

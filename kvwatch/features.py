@@ -109,13 +109,15 @@ class SeriesStats:
         return np.count_nonzero(self.v <= x) / len(self.v) if len(self.v) else None
 
     def frac_near_max(self, tol: float = 0.05) -> float | None:
-        """Fraction of samples within ``tol`` (relative) of the span's maximum: 'pinned at a ceiling'."""
+        """Fraction of samples within ``tol`` (relative, but at least 1 unit) of the span's
+        maximum: 'pinned at a ceiling'. The 1-unit floor keeps a small request cap (8)
+        pinned when a scrape lands between one request finishing and the next admitted."""
         if not len(self.v):
             return None
         top = float(self.v.max())
         if top <= 0:
             return 0.0
-        return np.count_nonzero(self.v >= top * (1 - tol)) / len(self.v)
+        return np.count_nonzero(self.v >= top - max(top * tol, 1.0)) / len(self.v)
 
     @_memo
     def slope(self) -> float | None:
@@ -125,20 +127,27 @@ class SeriesStats:
         t = (self.ts - self.ts[0]) / 60.0
         return float(np.polyfit(t, self.v, 1)[0])
 
-    def cycles(self, high: float, low: float) -> int | None:
-        """Completed excursions: rising to ≥ high and then draining to ≤ low (hysteresis)."""
+    def cycles(self, high: float, low: float, dwell: int = 1) -> int | None:
+        """Completed excursions: ≥ ``dwell`` consecutive samples ≥ high, then a sample ≤ low.
+
+        Hysteresis between ``low`` and ``high`` ignores wiggles in the middle band;
+        ``dwell`` > 1 ignores one-sample spikes (a scrape caught mid-burst).
+        """
         if not len(self.v):
             return None
-        n, armed = 0, False
-        for x in self.v:
+        n, run, armed = 0, 0, False
+        for x in self.v.tolist():
             if x >= high:
-                armed = True
-            elif x <= low and armed:
-                n += 1
-                armed = False
+                run += 1
+                armed = armed or run >= dwell
+            else:
+                run = 0
+                if x <= low and armed:
+                    n += 1
+                    armed = False
         return n
 
-    def swings(self, min_range: float = 0.3) -> int | None:
+    def swings(self, min_range: float = 0.3, dwell: int = 1) -> int | None:
         """Completed fill/drain excursions relative to the span's own range.
 
         An excursion rises into the top 30 % of [min, max] and drains back into the
@@ -151,7 +160,7 @@ class SeriesStats:
         span = hi - lo
         if span < min_range:
             return 0
-        return self.cycles(hi - 0.3 * span, lo + 0.3 * span)
+        return self.cycles(hi - 0.3 * span, lo + 0.3 * span, dwell)
 
     @_memo
     def _periodogram(self) -> tuple[float, float] | None:
@@ -195,14 +204,15 @@ class SeriesStats:
         if name in ("frac_above", "frac_below", "quantile", "frac_near_max"):
             fn = getattr(self, name)
             return fn(arg) if arg is not None else fn()
-        if name == "swings":
-            c = self.swings(arg if arg is not None else 0.3)
+        if name in ("swings", "sustained_swings"):
+            # sustained: the pool stays full for at least two consecutive samples
+            c = self.swings(arg if arg is not None else 0.3, 2 if name == "sustained_swings" else 1)
             return None if c is None else float(c)
         if name == "cycles":
             hi, lo = (arg, arg / 2) if isinstance(arg, int | float) else (0.85, 0.4)
             c = self.cycles(hi, lo)
             return None if c is None else float(c)
-        if name in ("p10", "p50", "p90", "p99"):
+        if name in ("p10", "p25", "p50", "p75", "p90", "p99"):
             return self.quantile(int(name[1:]) / 100)
         value = getattr(self, name)
         return None if value is None else float(value)
@@ -211,9 +221,11 @@ class SeriesStats:
 #: statistic name → needs an ``arg``
 STATS: dict[str, bool] = {
     "mean": False, "max": False, "min": False, "median": False, "std": False, "last": False,
-    "range": False, "slope": False, "p10": False, "p50": False, "p90": False, "p99": False,
+    "range": False, "slope": False, "p10": False, "p25": False, "p50": False, "p75": False, "p90": False,
+    "p99": False,
     "coverage": False, "period": False, "periodicity": False, "frac_near_max": False,
     "frac_above": True, "frac_below": True, "quantile": True, "cycles": False, "swings": False,
+    "sustained_swings": False,
 }
 
 

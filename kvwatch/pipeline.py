@@ -19,7 +19,9 @@ def evaluate(client: QueryClient, settings: Settings, rules: RuleSet, at: dateti
     """Evaluate every discovered target at ``at``. Raises PrometheusError when Prometheus fails."""
     ev = settings.evaluation
     matchers = render_matchers(parse_selector(settings.discovery.selector, "discovery.selector"))
-    before = getattr(getattr(client, "stats", None), "queries", 0)
+    stats = getattr(client, "stats", None)
+    before = getattr(stats, "queries", 0)
+    warnings_before = getattr(stats, "warnings_total", 0)
     targets = discover(client, at, ev.window, matchers, settings.discovery.dialects)
     data = collect(
         client,
@@ -28,12 +30,17 @@ def evaluate(client: QueryClient, settings: Settings, rules: RuleSet, at: dateti
         window_s=ev.window,
         step_s=ev.step,
         rate_window=format_duration(ev.rate_window),
+        latency_window=format_duration(ev.latency_window),
         user_matchers=matchers,
         max_concurrency=settings.prometheus.max_concurrency,
     )
     params = Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo)
     results = diagnose(targets, data, rules, params)
-    stats = getattr(client, "stats", None)
     queries = getattr(stats, "queries", 0) - before
-    warnings = tuple(dict.fromkeys(getattr(stats, "warnings", [])))[:10]
+    # only this cycle's warnings: a client is reused across cycles by the service
+    if hasattr(stats, "warnings_since"):
+        seen = stats.warnings_since(warnings_before)
+    else:
+        seen = getattr(stats, "warnings", [])
+    warnings = tuple(dict.fromkeys(seen))[:10]
     return Evaluation(evaluated_at=at, results=results, window_s=ev.window, queries=queries, warnings=warnings)

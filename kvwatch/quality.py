@@ -11,6 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+
+from kvwatch.dialects import DIALECTS, selector
+from kvwatch.promclient import QueryClient
+from kvwatch.signals import Signal
 
 MODES: tuple[str, ...] = ("healthy", "full", "idle", "fragmented", "oscillating", "misread")
 
@@ -82,3 +87,22 @@ def score(pairs: Iterable[tuple[str, str]], modes: Sequence[str] = MODES) -> Rep
         scores.append(ModeScore(m, support, predicted, tp))
     false_alarms = sum(n for (e, p), n in confusion.items() if e == "healthy" and p not in ("healthy",))
     return Report(tuple(scores), dict(confusion), len(pairs), false_alarms)
+
+
+def static_baseline(client: QueryClient, at: datetime, threshold: float = 0.9, over: str = "5m") -> set[str]:
+    """Instances the usual static alert ``min_over_time(kv_usage[5m]) > 0.9`` fires for at ``at``.
+
+    One query per KV-usage metric name of every dialect (the baseline knows the names;
+    it just has one signal and one threshold).
+    """
+    fired: set[str] = set()
+    seen: set[str] = set()
+    for d in DIALECTS:
+        for src in d.sources.get(Signal.KV_USAGE, ()):
+            sel = selector(src.metric, src.matchers)
+            if sel in seen:
+                continue
+            seen.add(sel)
+            q = f"max by (instance) (min_over_time({sel}[{over}])) > {threshold}"
+            fired |= {row["metric"]["instance"] for row in client.instant(q, at) if "instance" in row.get("metric", {})}
+    return fired

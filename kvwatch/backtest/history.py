@@ -39,6 +39,8 @@ class HistorySpec:
     resolution_s: float
     rate_window: str
     user_matchers: str
+    #: window of histogram quantiles/means (None: the rate window), as in `kvwatch once`
+    latency_window: str | None = None
     dialects: tuple[str, ...] = ()
     max_concurrency: int = 4
     max_points: int = MAX_POINTS
@@ -105,6 +107,7 @@ def fetch_history(client: QueryClient, targets: list[Target], spec: HistorySpec)
                 window_s=n * res,
                 step_s=res,
                 rate_window=spec.rate_window,
+                latency_window=spec.latency_window,
                 user_matchers=spec.user_matchers,
                 max_concurrency=spec.max_concurrency,
             )

@@ -144,6 +144,7 @@ def run_backtest(
         window_s=ev.window,
         resolution_s=ev.step,
         rate_window=format_duration(ev.rate_window),
+        latency_window=format_duration(ev.latency_window),
         user_matchers=matchers,
         dialects=settings.discovery.dialects,
         max_concurrency=settings.prometheus.max_concurrency,

@@ -1,0 +1,179 @@
+"""Fleet-scale benchmark: one kvwatch evaluation cycle against a real Prometheus.
+
+    python benchmarks/fleet.py                    # 100, 1000, 5000 targets
+    python benchmarks/fleet.py --sizes 1000 --cycles 5
+
+Per size: a synthetic fleet (``synth.py``: five dialects, real metric names,
+40 min at 15 s) is backfilled with promtool into a cached TSDB
+(``benchmarks/.cache``; reused on the next run), a real Prometheus serves it, and
+``kvwatch.pipeline.evaluate`` runs at the last sample. Each size runs in a fresh
+subprocess so peak RSS is per size. Printed per size: cycle wall time, HTTP wait
+(summed over concurrent queries), Prometheus CPU, kvwatch CPU (whole process:
+JSON parsing, grids, features, diagnosis), stage times, queries, bytes, peak RSS
+and the tracemalloc peak of one extra cycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from promrun import backfill_fleet, cpu_seconds, run_prometheus  # noqa: E402
+
+START_S = 1739995200  # aligned to a 2 h TSDB block so the 40 min land in one block
+STEP_S = 15
+SAMPLES = 40 * 60 // STEP_S + 1
+GEN_VERSION = 3  # bump when synth.py changes what it writes
+
+
+def ensure_tsdb(size: int, cache: Path, jobs: int) -> Path:
+    tsdb = cache / f"tsdb-{size}-v{GEN_VERSION}"
+    done = tsdb / ".complete"
+    if done.exists():
+        return tsdb
+    if tsdb.exists():
+        subprocess.run(["rm", "-rf", str(tsdb)], check=True)
+    t0 = time.monotonic()
+    n = backfill_fleet(tsdb, size, START_S, SAMPLES, STEP_S, jobs=jobs)
+    done.write_text(json.dumps({"samples": n, "seconds": round(time.monotonic() - t0, 1)}))
+    print(f"  backfilled {size} targets: {n / 1e6:.1f}M samples in {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    return tsdb
+
+
+def _cycle(client: Any, settings: Any, rules: Any, at: datetime, prom_pid: int) -> dict[str, float]:
+    from kvwatch.pipeline import evaluate
+
+    s = client.stats
+    q0, b0, h0 = s.queries, s.bytes_received, s.http_seconds
+    p0, c0, w0 = cpu_seconds(prom_pid), time.process_time(), time.perf_counter()
+    ev = evaluate(client, settings, rules, at)
+    wall = time.perf_counter() - w0
+    states: dict[str, int] = {}
+    for r in ev.results:
+        states[r.state.value] = states.get(r.state.value, 0) + 1
+    return {
+        "wall_s": wall,
+        "kvwatch_cpu_s": time.process_time() - c0,
+        "prom_cpu_s": cpu_seconds(prom_pid) - p0,
+        "http_wait_s": s.http_seconds - h0,
+        "queries": s.queries - q0,
+        "mbytes": (s.bytes_received - b0) / 1e6,
+        "targets": len(ev.results),
+        "states": states,  # type: ignore[dict-item]
+    }
+
+
+def _stages(client: Any, settings: Any, rules: Any, at: datetime) -> dict[str, float]:
+    """The pipeline's stages timed one by one (same calls as ``evaluate``)."""
+    from kvwatch.collect import collect
+    from kvwatch.diagnose import Params, diagnose
+    from kvwatch.discover import discover
+    from kvwatch.durations import format_duration
+
+    ev = settings.evaluation
+    t0 = time.perf_counter()
+    targets = discover(client, at, ev.window, "", settings.discovery.dialects)
+    t1 = time.perf_counter()
+    data = collect(client, targets, at=at, window_s=ev.window, step_s=ev.step,
+                   rate_window=format_duration(ev.rate_window), user_matchers="",
+                   max_concurrency=settings.prometheus.max_concurrency)
+    t2 = time.perf_counter()
+    diagnose(targets, data, rules, Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo))
+    t3 = time.perf_counter()
+    return {"discover_s": t1 - t0, "collect_s": t2 - t1, "diagnose_s": t3 - t2}
+
+
+def run_one(size: int, cache: Path, cycles: int, concurrency: int, jobs: int, step: str) -> dict[str, Any]:
+    from kvwatch.config import load_settings
+    from kvwatch.promclient import PromClient
+    from kvwatch.ruleset import load_ruleset
+
+    tsdb = ensure_tsdb(size, cache, jobs)
+    at = datetime.fromtimestamp(START_S + STEP_S * (SAMPLES - 1), tz=UTC)
+    rules = load_ruleset()
+    with run_prometheus(tsdb) as (url, pid):
+        settings = load_settings(None, environ={}, overrides={
+            "prometheus": {"url": url, "timeout": "120s", "max_concurrency": concurrency},
+            "evaluation": {"step": step}})
+        client = PromClient(url, timeout_s=120, retries=0)
+        _cycle(client, settings, rules, at, pid)  # warm-up: Prometheus maps the blocks
+        runs = [_cycle(client, settings, rules, at, pid) for _ in range(cycles)]
+        stages = _stages(client, settings, rules, at)
+        tracemalloc.start()
+        _cycle(client, settings, rules, at, pid)
+        traced_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    out: dict[str, Any] = {"size": size}
+    for key in ("wall_s", "kvwatch_cpu_s", "prom_cpu_s", "http_wait_s", "queries", "mbytes"):
+        out[key] = statistics.median(r[key] for r in runs)
+    out["targets"] = runs[-1]["targets"]
+    out["states"] = runs[-1]["states"]
+    out.update(stages)
+    out["kvwatch_cpu_share"] = out["kvwatch_cpu_s"] / out["wall_s"]
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["tracemalloc_peak_mb"] = traced_peak / 1e6
+    return out
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols = [
+        ("targets", "size", "{:d}"), ("found", "targets", "{:d}"), ("cycle s", "wall_s", "{:.2f}"),
+        ("http wait s", "http_wait_s", "{:.2f}"), ("prom CPU s", "prom_cpu_s", "{:.2f}"),
+        ("kvwatch CPU s", "kvwatch_cpu_s", "{:.2f}"), ("kvwatch CPU %", "kvwatch_cpu_share", "{:.0%}"),
+        ("discover s", "discover_s", "{:.2f}"), ("collect s", "collect_s", "{:.2f}"),
+        ("diagnose s", "diagnose_s", "{:.2f}"), ("queries", "queries", "{:.0f}"),
+        ("MB recv", "mbytes", "{:.1f}"), ("peak RSS MB", "peak_rss_mb", "{:.0f}"),
+        ("tracemalloc MB", "tracemalloc_peak_mb", "{:.0f}"),
+    ]
+    head = "| " + " | ".join(c[0] for c in cols) + " |"
+    sep = "|" + "|".join("---:" for _ in cols) + "|"
+    lines = [head, sep]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt.format(r[key]) for _, key, fmt in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 5000])
+    ap.add_argument("--cycles", type=int, default=3, help="measured cycles per size (median reported)")
+    ap.add_argument("--concurrency", type=int, default=4, help="prometheus.max_concurrency")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel promtool backfills")
+    ap.add_argument("--step", default="30s", help="evaluation.step (resolution of range queries)")
+    ap.add_argument("--cache", type=Path, default=HERE / ".cache")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one size, JSON out
+    args = ap.parse_args(argv)
+    args.cache.mkdir(parents=True, exist_ok=True)
+    if args.one:
+        print(json.dumps(run_one(args.one, args.cache, args.cycles, args.concurrency, args.jobs, args.step)))
+        return 0
+    rows = []
+    for size in args.sizes:
+        cmd = [sys.executable, __file__, "--one", str(size), "--cycles", str(args.cycles),
+               "--concurrency", str(args.concurrency), "--jobs", str(args.jobs), "--cache", str(args.cache),
+               "--step", args.step]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+        if res.returncode != 0:
+            print(res.stderr[-3000:], file=sys.stderr)
+            return 1
+        sys.stderr.write(res.stderr)
+        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        print(f"{size}: {json.dumps(rows[-1])}", file=sys.stderr)
+    print(_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
