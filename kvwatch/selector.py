@@ -105,3 +105,8 @@ def parse_selector(text: str | None, where: str = "--selector") -> tuple[Matcher
 def render_matchers(matchers: tuple[Matcher, ...]) -> str:
     """Comma-joined matchers without braces ('' when none)."""
     return ", ".join(m.render() for m in matchers)
+
+
+def target_matchers(job: str, instance: str) -> str:
+    """Escaped matchers selecting one target: label values may hold quotes or backslashes."""
+    return render_matchers((Matcher("job", "=", job), Matcher("instance", "=", instance)))

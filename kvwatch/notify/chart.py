@@ -19,6 +19,7 @@ from kvwatch.durations import format_duration
 from kvwatch.lifecycle import Incident
 from kvwatch.notify.links import MARGIN_S
 from kvwatch.promclient import QueryClient
+from kvwatch.selector import target_matchers
 from kvwatch.signals import Signal
 
 PANELS = ((Signal.KV_USAGE, "KV usage (0-1)"), (Signal.WAITING, "waiting requests"), (Signal.PREEMPTIONS, "preemptions/s"))
@@ -37,7 +38,7 @@ def render_png(settings: Settings, client: QueryClient, inc: Incident, now: floa
     dialect = DIALECT_BY_ID.get(labels.get("dialect", ""))
     if dialect is None:
         return None
-    user = f'job="{labels.get("job", "")}", instance="{labels.get("instance", "")}"'
+    user = target_matchers(labels.get("job", ""), labels.get("instance", ""))
     start, end = inc.started_at - MARGIN_S, inc.resolved_at or now
     step = max(settings.evaluation.step, (end - start) / 300)
     rw = format_duration(settings.evaluation.rate_window)
@@ -47,7 +48,8 @@ def render_png(settings: Settings, client: QueryClient, inc: Incident, now: floa
     for ax, (sig, title) in zip(axes, PANELS, strict=True):
         sources = dialect.sources.get(sig, ())
         if sources:
-            xs, ys = _series(client, sources[0].promql(user, rw), start, end, step)
+            query = " or ".join(src.promql(user, rw) for src in sources)
+            xs, ys = _series(client, query, start, end, step)
             if xs:
                 ax.plot(xs, ys, linewidth=1.2)
                 plotted += 1

@@ -8,6 +8,7 @@ from kvwatch.config import Settings
 from kvwatch.dialects import DIALECT_BY_ID
 from kvwatch.durations import format_duration
 from kvwatch.lifecycle import Incident
+from kvwatch.selector import target_matchers
 from kvwatch.signals import Signal
 
 #: context shown around an incident, seconds before its start and after now
@@ -17,11 +18,12 @@ MARGIN_S = 1800.0
 def kv_usage_query(incident: Incident, rate_window: str = "2m") -> str:
     """PromQL of the KV usage of this target in its own dialect (fallback: vLLM's current name)."""
     labels = incident.label_map
-    user = f'job="{labels.get("job", "")}", instance="{labels.get("instance", "")}"'
+    user = target_matchers(labels.get("job", ""), labels.get("instance", ""))
     dialect = DIALECT_BY_ID.get(labels.get("dialect", ""))
     sources = dialect.sources.get(Signal.KV_USAGE, ()) if dialect else ()
     if sources:
-        return sources[0].promql(user, rate_window)
+        # every source of the dialect: the target's engine version picks which one has data
+        return " or ".join(src.promql(user, rate_window) for src in sources)
     return f"max by (job, instance) (vllm:kv_cache_usage_perc{{{user}}})"
 
 
