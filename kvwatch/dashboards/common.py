@@ -10,8 +10,8 @@ from kvwatch.dashboards.extras import Extra
 from kvwatch.dashboards.grafana import Panel, PanelType, Target, Variable
 from kvwatch.dashboards.queries import (
     bucket_increase_exprs,
-    extra_expr,
     prefix_hit_ratio_expr,
+    prefix_saved_tokens_expr,
     signal_expr,
 )
 from kvwatch.dashboards.recording import INFO_RECORD
@@ -223,9 +223,10 @@ def prefix_panels(width: int = 12) -> tuple[Panel, Panel]:
         Panel(
             "Prefill tokens saved by prefix reuse",
             TS,
-            "Prompt tokens per second that did not need prefill because their KV was already cached. Compare "
-            "with prompt tokens/s: the difference is the prefill work actually done.",
-            (Target(extra_expr(Extra.PREFIX_HIT_TOKENS)),),
+            "Prompt tokens per second that did not need prefill because their KV was already cached (hit rate "
+            "x prompt tokens/s, so it reads in tokens even where the engine counts hits in blocks, e.g. vLLM "
+            "0.7.3-0.8.5). Compare with prompt tokens/s: the difference is the prefill work actually done.",
+            (Target(prefix_saved_tokens_expr()),),
             unit="short",
             min=0,
             width=width,

@@ -151,6 +151,17 @@ def prefix_hit_ratio_expr(
     return join_or(parts)
 
 
+def prefix_saved_tokens_expr(matchers: str = PANEL_MATCHERS, rate_window: str = PANEL_RATE) -> str:
+    """Prompt tokens per second served from the prefix cache, per target: hit ratio x prompt tokens/s.
+
+    Not the raw hit counter: vLLM 0.7.3-0.8.5 counts ``gpu_prefix_cache_hits`` in blocks
+    (0.9.0+ in tokens, same name), so only the unit-free ratio compares across versions.
+    """
+    ratio = prefix_hit_ratio_expr(matchers, rate_window)
+    prompt = signal_expr(Signal.PROMPT_TPS, matchers, rate_window)
+    return f"({ratio}) * on ({BY}) ({prompt})"
+
+
 def bucket_increase_exprs(
     extra: Extra, matchers: str = PANEL_MATCHERS, rate_window: str = PANEL_RATE
 ) -> tuple[str, ...]:
