@@ -25,12 +25,13 @@ class FailureMode(StrEnum):
 
     @property
     def rank(self) -> int:
-        return list(FailureMode).index(self)
+        return _MODE_RANK[self]
 
     def __str__(self) -> str:
         return self.value
 
 
+_MODE_RANK: dict[FailureMode, int] = {m: i for i, m in enumerate(FailureMode)}
 PRECEDENCE: tuple[FailureMode, ...] = tuple(m for m in FailureMode if m is not FailureMode.UNKNOWN)
 
 

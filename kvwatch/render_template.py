@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections.abc import Mapping
@@ -28,15 +29,30 @@ class Num:
         return self.__format__("g")
 
 
-class _Formatter(string.Formatter):
-    def get_field(self, field_name: str, args: Any, kwargs: Any) -> Any:
-        try:
-            return super().get_field(field_name, args, kwargs)
-        except (AttributeError, KeyError, IndexError):
-            return Num(None), field_name
+Piece = tuple[str, tuple[str, ...] | None, str]
 
 
-_FMT = _Formatter()
+@functools.lru_cache(maxsize=1024)
+def compile_template(template: str) -> tuple[Piece, ...]:
+    """Split a template once into (literal, field path, format spec) pieces.
+
+    Raises ``ValueError`` on malformed braces (rule loading reports it).
+    """
+    pieces: list[Piece] = []
+    for literal, field, spec, _conv in string.Formatter().parse(template):
+        path = tuple(field.split(".")) if field else None
+        pieces.append((literal, path, spec or ""))
+    return tuple(pieces)
+
+
+def _resolve(ctx: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    try:
+        obj = ctx[path[0]]
+        for attr in path[1:]:
+            obj = getattr(obj, attr)
+    except (AttributeError, KeyError, IndexError):
+        return Num(None)
+    return obj
 # a unit glued to an unknown number ("n/as", "n/a/s") reads as noise
 _NA_UNIT = re.compile(r"n/a(?:/s|s|%|×)(?=\W|$)")
 
@@ -51,7 +67,12 @@ def render(template: str, ctx: Mapping[str, Any]) -> str:
     Text inside ``[[ ... ]]`` is optional: it is kept (without the brackets) only
     when every number in it is known, so triage never reads "queue p99 n/a".
     """
-    text = " ".join(_FMT.vformat(template, (), ctx).split())
+    out: list[str] = []
+    for literal, path, spec in compile_template(template):
+        out.append(literal)
+        if path is not None:
+            out.append(format(_resolve(ctx, path), spec))
+    text = " ".join("".join(out).split())
     text = _NA_UNIT.sub("n/a", text)
     text = _OPTIONAL.sub(lambda m: "" if "n/a" in m.group(1) else m.group(1), text)
     return " ".join(text.split()).replace(" ,", ",").replace(" ;", ";").replace(" .", ".")
