@@ -30,7 +30,7 @@ DESCRIPTIONS: dict[str, str] = {
     "evaluation.interval": "time between evaluations (`kvwatch run`)",
     "evaluation.window": "span every diagnosis looks back over (at least 4 × step)",
     "evaluation.step": "resolution of the range queries",
-    "evaluation.rate_window": "window of `rate()` and histogram quantiles",
+    "evaluation.rate_window": "window of `rate()` over counters (preemptions, tokens, requests)",
     "slack.bot_token": "Slack bot token (`xoxb-…`, secret)",
     "slack.channel": "default channel for the bot token",
     "slack.webhook_url": "incoming-webhook URL instead of a bot token (secret)",
