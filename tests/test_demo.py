@@ -35,44 +35,109 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(") ")[1][0] != "Z"
 
 
-@pytest.fixture(scope="module")
-def demo_json() -> dict:
+def _run_demo(backend: str) -> dict:
     before = _leftovers()
-    res = subprocess.run([*CMD, "demo", "--backend", "inprocess", "--format", "json", "--seed", "1"],
+    res = subprocess.run([*CMD, "demo", "--backend", backend, "--format", "json", "--seed", "1"],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "simulating" in res.stderr  # progress goes to stderr, never into the JSON
     assert _leftovers() == before
-    return json.loads(res.stdout)
+    doc = json.loads(res.stdout)
+    assert doc["demo"]["backend"] == backend
+    return doc
+
+
+@pytest.fixture(scope="module")
+def demo_json() -> dict:
+    return _run_demo("inprocess")
+
+
+@pytest.fixture(scope="module")
+def demo_prom_json() -> dict:
+    require_binary("prometheus")
+    require_binary("promtool")
+    return _run_demo("prometheus")
 
 
 @pytest.mark.slow
 def test_inprocess_demo_follows_the_json_contract(demo_json: dict) -> None:
-    assert demo_json["evaluated_at"].endswith("Z")
-    targets = demo_json["targets"]
-    expected = demo_json["demo"]["expected"]
+    _check_contract(demo_json)
+
+
+@pytest.mark.slow
+@pytest.mark.prometheus
+def test_prometheus_demo_follows_the_json_contract(demo_prom_json: dict) -> None:
+    _check_contract(demo_prom_json)
+    assert demo_prom_json["queries"] > 0  # it really went through PromQL
+
+
+def _check_contract(doc: dict) -> None:
+    assert doc["evaluated_at"].endswith("Z")
+    targets = doc["targets"]
+    expected = doc["demo"]["expected"]
     assert len(targets) == len(expected) >= 13
+    assert {f"{t['labels']['job']}/{t['labels']['instance']}" for t in targets} == set(expected)
     for t in targets:
         assert {"job", "instance"} <= set(t["labels"])
         assert t["state"] in {m.value for m in FailureMode}
         assert t["diagnoses"] and all(d["triage"] and d["summary"] for d in t["diagnoses"])
     assert {t["engine"] for t in targets} == {"vllm", "sglang", "trtllm"}
+    assert len({t["dialect"] for t in targets}) >= 3
 
 
-@pytest.mark.slow
-def test_demo_covers_every_failure_mode(demo_json: dict) -> None:
+def _check_every_mode(doc: dict) -> None:
     """Every mode and idle sub-cause is among the scenarios AND diagnosed as such."""
-    expected = set(demo_json["demo"]["expected"].values())
+    expected = set(doc["demo"]["expected"].values())
     modes = {FailureMode.FULL, FailureMode.OSCILLATING, FailureMode.FRAGMENTED,
              FailureMode.MISREAD, FailureMode.IDLE, FailureMode.HEALTHY}
     assert {e.split(" ")[0] for e in expected} >= {m.value for m in modes}
     causes = {"low_demand", "batch_limited", "stalled", "compute_bound"}
     assert {e[e.find("(") + 1:-1] for e in expected if "(" in e} == causes
-    diagnosed = {t["state"] for t in demo_json["targets"]}
-    got_causes = {d.get("cause") for t in demo_json["targets"] for d in t["diagnoses"] if t["state"] == "idle"}
+    diagnosed = {t["state"] for t in doc["targets"]}
+    got_causes = {d.get("cause") for t in doc["targets"] for d in t["diagnoses"] if t["state"] == "idle"}
     missing = {m.value for m in modes} - diagnosed
     assert not missing, f"demo output shows no target in {sorted(missing)}"
     assert causes <= got_causes, f"idle sub-causes not diagnosed: {sorted(causes - got_causes)}"
+    # both misread shapes: the tail preset alone, and a replica group whose mean hides one replica
+    groups = doc["demo"]["groups"]
+    assert any(g["expected"] == "misread" for g in groups.values())
+    by_key = {f"{t['labels']['job']}/{t['labels']['instance']}": t for t in doc["targets"]}
+    for name, g in groups.items():
+        named = {d["mode"] for m in g["members"] for d in by_key[m]["diagnoses"]}
+        assert g["expected"] in named, f"group {name}: kvwatch names {sorted(named)}"
+
+
+@pytest.mark.slow
+def test_demo_covers_every_failure_mode(demo_json: dict) -> None:
+    _check_every_mode(demo_json)
+
+
+@pytest.mark.slow
+@pytest.mark.prometheus
+def test_prometheus_demo_covers_every_failure_mode(demo_prom_json: dict) -> None:
+    _check_every_mode(demo_prom_json)
+
+
+@pytest.mark.slow
+@pytest.mark.prometheus
+def test_backends_see_the_same_fleet(demo_json: dict, demo_prom_json: dict) -> None:
+    """In-process evaluation mirrors PromQL: same targets, dialects, blind spots and verdicts."""
+    def view(doc: dict) -> dict[str, tuple]:
+        return {t["labels"]["instance"]: (t["dialect"], t["state"], tuple(t["missing_signals"]),
+                                          tuple(d.get("cause") for d in t["diagnoses"]))
+                for t in doc["targets"]}
+
+    inproc, prom = view(demo_json), view(demo_prom_json)
+    assert inproc == prom
+    # and the facts the verdicts rest on agree (rates/quantiles computed the same way)
+    facts = {t["labels"]["instance"]: t["facts"] for t in demo_prom_json["targets"]}
+    for t in demo_json["targets"]:
+        for name, v in t["facts"].items():
+            w = facts[t["labels"]["instance"]].get(name)
+            if isinstance(v, float) and isinstance(w, float):
+                assert abs(v - w) <= 0.1 * max(abs(v), abs(w)) + 0.05, (t["labels"]["instance"], name, v, w)
+            else:
+                assert (v is None) == (w is None), (t["labels"]["instance"], name, v, w)
 
 
 @pytest.mark.slow
@@ -93,6 +158,69 @@ def test_sigint_mid_run_exits_130_and_leaves_nothing() -> None:
             proc.kill()
             proc.wait()
     assert _leftovers() == before
+
+
+def _children(pid: int) -> dict[int, str]:
+    """Live child processes of ``pid``: pid → command name."""
+    out: dict[int, str] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if int(rest[1]) == pid and rest[0] != "Z":
+            out[int(stat.parent.name)] = comm
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.prometheus
+def test_prometheus_demo_interrupted_during_backfill_leaves_nothing() -> None:
+    """Ctrl-C while promtool runs: exit 130, promtool gone, temp dir gone (SIGTERM takes
+    the same path: see the Scratch test below)."""
+    require_binary("prometheus")
+    require_binary("promtool")
+    before = _leftovers()
+    proc = subprocess.Popen([*CMD, "demo", "--backend", "prometheus"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    kids: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 90
+        line = ""
+        while time.monotonic() < deadline and "backfilling" not in line and proc.poll() is None:
+            line = proc.stderr.readline()  # type: ignore[union-attr]
+        assert "backfilling" in line
+        while time.monotonic() < deadline and "promtool" not in kids.values():
+            kids = _children(proc.pid)
+            time.sleep(0.02)
+        assert "promtool" in kids.values(), kids
+        assert len(_leftovers() - before) == 1  # the scratch dir exists while it runs
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in kids if _alive(p)], f"children survived: {kids}"
+    assert _leftovers() == before
+
+
+def test_auto_backend_needs_both_binaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvwatch.demo import Backend, pick_backend
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert pick_backend(Backend.AUTO) is Backend.INPROCESS
+    for name in ("prometheus", "promtool"):
+        exe = tmp_path / name
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+        expected = Backend.PROMETHEUS if name == "promtool" else Backend.INPROCESS
+        assert pick_backend(Backend.AUTO) is expected
+    assert pick_backend(Backend.INPROCESS) is Backend.INPROCESS
 
 
 @pytest.mark.prometheus
@@ -133,3 +261,36 @@ def test_scratch_prometheus_is_gone_after_an_interrupt(tmp_path: Path, sig: sign
 def test_backend_flag_is_validated() -> None:
     res = subprocess.run([*CMD, "demo", "--backend", "nope"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "invalid choice" in res.stderr
+
+
+def test_sources_are_evaluated_on_what_the_engine_exposes() -> None:
+    """Matchers select series (absent label == ""), counters are rated, histograms summed by le."""
+    import numpy as np
+
+    from kvwatch.demo.promlite import Exposed, evaluate_source
+    from kvwatch.dialects import Source, SourceKind
+    from kvwatch.sim.expose import Family, Sample
+
+    t = np.arange(0.0, 600.0 + 1, 15.0)
+    ok = Sample("req_total", (("finished_reason", "stop"),), 2.0 * t)  # 2/s
+    cut = Sample("req_total", (("finished_reason", "length"),), 0.5 * t)  # 0.5/s
+    # 1 obs/s, all in (0.1, 0.2]; two engines, the second with twice the rate
+    hist = [Sample("lat_bucket", (("engine", e), ("le", le)), k * v * t)
+            for e, k in (("0", 1.0), ("1", 2.0)) for le, v in (("0.1", 0.0), ("0.2", 1.0), ("+Inf", 1.0))]
+    fams = [Family("req_total", "counter", "", [ok, cut]), Family("lat", "histogram", "", hist),
+            Family("g", "gauge", "", [Sample("g", (("engine", "0"),), 3.0), Sample("g", (("engine", "1"),), 4.0)])]
+    ex = Exposed(fams, t)
+
+    def ev(src: Source) -> np.ndarray | None:
+        return evaluate_source(src, ex, rate_window=120.0, latency_window=300.0)
+
+    total = ev(Source(SourceKind.COUNTER, "req_total", agg="sum"))
+    assert total is not None and np.allclose(total[t >= 120], 2.5) and np.isnan(total[0])
+    assert ev(Source(SourceKind.COUNTER, "req_total", 'finished_reason="abort"')) is None
+    only = ev(Source(SourceKind.COUNTER, "req_total", 'finished_reason=~"len.*"', agg="sum"))
+    assert only is not None and np.allclose(only[-1], 0.5)
+    assert ev(Source(SourceKind.GAUGE, "g", 'priority=""', agg="sum"))[-1] == 7.0  # type: ignore[index]
+    assert ev(Source(SourceKind.GAUGE, "g", agg="max"))[-1] == 4.0  # type: ignore[index]
+    p50 = ev(Source(SourceKind.HIST_QUANTILE, "lat", quantile=0.5, scale=1000.0))
+    assert p50 is not None and np.isclose(p50[-1], 150.0) and np.isnan(p50[t < 300]).all()
+    assert ev(Source(SourceKind.HIST_QUANTILE, "nope", quantile=0.5)) is None

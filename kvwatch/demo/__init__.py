@@ -5,10 +5,12 @@ Two backends run the same rules and renderer:
 * ``prometheus`` — the simulated fleet is written as OpenMetrics, backfilled with
   ``promtool`` into a throwaway Prometheus (temp dir, free loopback port) and the
   full pipeline (discovery, PromQL collection, diagnosis) runs against it;
-* ``inprocess`` — no binaries needed: the simulator's ground-truth series are turned
-  into :class:`~kvwatch.fleetdata.FleetData` (rates and histogram quantiles computed
-  as Prometheus would) and passed straight to :func:`kvwatch.diagnose.diagnose`.
+* ``inprocess`` — no binaries needed: each simulated engine's exposed series (its
+  dialect's real names) go through discovery's dialect detection, and every resolved
+  source is evaluated on them as its PromQL would be (:mod:`kvwatch.demo.promlite`);
+  the resulting :class:`~kvwatch.fleetdata.FleetData` goes to :func:`kvwatch.diagnose.diagnose`.
 
+Both simulate the same fleet (:mod:`kvwatch.demo.fleet`) ending at the current minute.
 Every process and temp dir the demo starts is removed on exit, error, Ctrl-C or SIGTERM.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import time
@@ -27,6 +30,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
+    from kvwatch.config import Settings
     from kvwatch.models import Evaluation
 
 #: simulated seconds before the evaluation window (engines reach steady state)
@@ -82,13 +86,7 @@ def pick_backend(choice: Backend) -> Backend:
 
     if choice is not Backend.AUTO:
         return choice
-    return Backend.PROMETHEUS if find_binaries() and _openmetrics_available() else Backend.INPROCESS
-
-
-def _openmetrics_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("kvwatch.sim.openmetrics") is not None
+    return Backend.PROMETHEUS if find_binaries() else Backend.INPROCESS
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -112,34 +110,53 @@ def _cmd(args: argparse.Namespace) -> int:
                     return EXIT_USAGE
                 from kvwatch.demo.viaprom import evaluate_via_prometheus
 
-                evaluation, expected = evaluate_via_prometheus(settings, rules, args.seed, WARMUP_S, progress)
+                evaluation, fleet = evaluate_via_prometheus(settings, rules, args.seed, WARMUP_S, progress)
             else:
                 from kvwatch.demo.inprocess import evaluate_inprocess
 
-                evaluation, expected = evaluate_inprocess(settings, rules, args.seed, WARMUP_S, progress)
+                evaluation, fleet = evaluate_inprocess(settings, rules, args.seed, WARMUP_S, progress)
         finally:
             progress.done()
     if args.format == "json":
         doc = evaluation.to_json()
-        doc["demo"] = {"backend": backend.value, "seed": args.seed, "expected": expected}
+        doc["demo"] = {
+            "backend": backend.value, "seed": args.seed, "expected": fleet.expected(),
+            "groups": {g: {"expected": mode, "members": list(members)}
+                       for g, (mode, members) in fleet.groups().items()},
+        }
         sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False, default=str) + "\n")
     else:
         sys.stdout.write(to_text(evaluation))
-        sys.stdout.write(scenario_table(evaluation, expected))
+        sys.stdout.write(scenario_table(evaluation, fleet.expected(), fleet.groups()))
         print(f"\n(backend: {backend.value}; simulated fleet, seed {args.seed}; "
               f"evaluated at {evaluation.evaluated_at.astimezone(UTC):%Y-%m-%d %H:%M:%S}Z)")
     return EXIT_OK
 
 
-def scenario_table(evaluation: Evaluation, expected: dict[str, str]) -> str:
-    """Each simulated engine: the mode its scenario was built to show next to kvwatch's state."""
-    lines = ["", "Scenarios (simulated ground truth vs kvwatch):"]
+def scenario_table(evaluation: Evaluation, expected: dict[str, str],
+                   groups: dict[str, tuple[str, tuple[str, ...]]] | None = None) -> str:
+    """Each simulated engine: the mode (and idle cause) its scenario was built to show next
+    to kvwatch's primary state and cause; then each replica group's mode against the
+    modes kvwatch names on any of its members (primary or secondary)."""
+    rows: list[tuple[str, str, str, str]] = []
     for r in evaluation.results:
         want = expected.get(str(r.target.key), "?")
         d = r.primary
         got = r.state.value + (f" ({d.cause})" if d is not None and d.cause else "")
-        mark = "ok" if want.split(" ")[0] == r.state.value else "differs"
-        lines.append(f"  {r.target.key!s:<34} expected {want:<24} got {got:<24} {mark}")
+        also = sorted({x.mode.value for x in r.diagnoses} - {r.state.value})
+        want_state, _, want_cause = want.partition(" ")
+        ok = want_state == r.state.value and (not want_cause or want_cause == f"({d.cause if d else ''})")
+        rows.append((str(r.target.key), want, got + (f" +{'+'.join(also)}" if also else ""),
+                     "ok" if ok else "DIFFERS"))
+    width = max((len(k) for k, *_ in rows), default=10)
+    lines = ["", "Scenarios (simulated ground truth vs kvwatch):"]
+    lines += [f"  {k:<{width}}  expected {w:<24} got {g:<30} {m}" for k, w, g, m in rows]
+    by_key = {str(r.target.key): r for r in evaluation.results}
+    for name, (mode, members) in (groups or {}).items():
+        named = {str(x.mode.value) for m in members if m in by_key for x in by_key[m].diagnoses}
+        mark = "ok" if mode in named else "DIFFERS"
+        lines.append(f"  group {name} ({len(members)} replicas): expected {mode} on a member,"
+                     f" kvwatch names {', '.join(sorted(named)) or 'nothing'}  {mark}")
     return "\n".join(lines) + "\n"
 
 
@@ -155,6 +172,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--seed", type=int, default=1, help="random seed of the simulated traffic")
     p.add_argument("--rules", metavar="PATH", action="append", help="rule file or directory (repeatable)")
     p.set_defaults(func=_cmd)
+
+
+def fleet_duration(settings: Settings) -> float:
+    """Simulated seconds of scraped data: the window plus the longest lookback of a
+    ``rate()``/quantile at its first point, a step of slack, rounded up to the minute."""
+    ev = settings.evaluation
+    lookback = max(ev.rate_window, float(getattr(ev, "latency_window", 0.0) or 0.0))
+    return float(math.ceil((ev.window + lookback + ev.step) / 60.0) * 60)
 
 
 def now() -> datetime:

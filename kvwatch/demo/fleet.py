@@ -1,137 +1,95 @@
-"""Simulate the demo fleet and turn its ground truth into :class:`FleetData`.
+"""The demo fleet: every simulator preset, each on one engine dialect, run to the end instant.
 
-One engine per preset replica (every failure mode and idle sub-cause), engine
-families rotated so several dialects show up. Each engine runs ``warmup + window``
-simulated seconds; histograms are snapshotted on the evaluation grid.
+Both demo backends simulate this same fleet (same specs, seeds and dynamics); they
+differ only in how kvwatch reads it. Presets rotate over :data:`DEMO_DIALECTS`, so
+three engine families and several metric generations show up, each with its real
+blind spots. Runs are sequential: the whole fleet is ~10 s of CPU, and one process
+means Ctrl-C stops it at once with nothing to reap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
+from kvwatch.models import TargetKey
+from kvwatch.sim.fleet import DEFAULT_PORT, TargetRun, TargetSpec, make_targets, simulate
+from kvwatch.sim.scenarios import PRESETS
+from kvwatch.sim.vocab import Dialect
 
-from kvwatch.collect import resolve
-from kvwatch.demo.groundtruth import histogram_mean, histogram_quantile, rate
-from kvwatch.dialects import DIALECT_BY_ID
-from kvwatch.fleetdata import FleetData
-from kvwatch.models import Target, TargetKey
-from kvwatch.signals import Signal
-from kvwatch.sim.buckets import UNION
-from kvwatch.sim.engine import Engine
-from kvwatch.sim.scenarios import PRESETS, BuildContext, Replica, sample_base
-from kvwatch.sim.trace import Recorder, Trace
-
-#: engine family → the kvwatch dialect its in-process target speaks (all its signals sourced)
-FAMILY_DIALECT = {"vllm": "vllm-v1", "sglang": "sglang", "trtllm": "trtllm-serve"}
-FAMILIES = ("vllm", "sglang", "trtllm")
-#: presets a demo runs (the multi-replica imbalance preset counts as one)
+#: scrape interval of the simulated fleet, s (Prometheus' common default)
+SCRAPE_S = 15.0
+#: Prometheus ``job`` label of every demo target
+DEMO_JOB = "kvwatch-demo"
+#: presets a demo runs: every failure mode, idle sub-cause and both misread shapes
 DEMO_PRESETS: tuple[str, ...] = tuple(PRESETS)
+#: dialects the presets rotate over (preset i speaks ``DEMO_DIALECTS[i % len]``)
+DEMO_DIALECTS: tuple[Dialect, ...] = (
+    Dialect.VLLM_0_10,
+    Dialect.SGLANG_0_5,
+    Dialect.TRTLLM_SERVE,
+    Dialect.VLLM_0_33,
+    Dialect.SGLANG_0_4_0,
+)
 
 Progress = Callable[[str], None]
 
 
+def expected_label(spec: TargetSpec) -> str:
+    """The mode a target's scenario was built to show, e.g. ``idle (stalled)``."""
+    return spec.expected.value + (f" ({spec.cause.value})" if spec.cause else "")
+
+
+def target_key(spec: TargetSpec, job: str = DEMO_JOB) -> TargetKey:
+    return TargetKey(job, spec.instance(DEFAULT_PORT))
+
+
+def plan(seed: int, run_s: float, presets: Sequence[str] = DEMO_PRESETS,
+         dialects: Sequence[Dialect] = DEMO_DIALECTS) -> list[TargetSpec]:
+    """Targets of the demo fleet (multi-replica presets give several); ``run_s``: run length, s."""
+    specs: list[TargetSpec] = []
+    for i, preset in enumerate(presets):
+        specs.extend(make_targets(preset, dialects[i % len(dialects)], seed, run_s=run_s))
+    return specs
+
+
 @dataclass(frozen=True)
-class SimTarget:
-    """One simulated engine: identity, expected mode, and its ground truth."""
+class DemoFleet:
+    """Simulated runs, scraped every ``scrape_s`` up to ``end_time`` (epoch s)."""
 
-    key: TargetKey
-    preset: str
-    family: str
-    expected: str
-    trace: Trace
+    runs: tuple[TargetRun, ...]
+    end_time: float
+    scrape_s: float
+    job: str = DEMO_JOB
 
+    def expected(self) -> dict[str, str]:
+        """``job/instance`` → expected mode label."""
+        return {str(target_key(r.spec, self.job)): expected_label(r.spec) for r in self.runs}
 
-def _run(replica: Replica, seed: int, seconds: float, step_s: float) -> Trace:
-    first = replica.segments[0]
-    rec = Recorder()
-    eng = Engine(first.config, first.workload, seed=seed, recorder=rec)
-    nxt = 1
-    every = max(1, round(step_s / first.config.dt))
-    n = int(seconds / first.config.dt)
-    for i in range(n):
-        while nxt < len(replica.segments) and eng.t >= replica.segments[nxt].start_s:
-            seg = replica.segments[nxt]
-            eng.reconfigure(seg.config, seg.workload)
-            nxt += 1
-        eng.step()
-        if (n - 1 - i) % every == 0:
-            rec.snapshot_hist(eng.hist)
-    return rec.trace(eng.cfg, eng.hist)
+    def groups(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """Multi-replica scenarios: group → (the mode the group shows, e.g. a misread
+        fleet mean, and its members' ``job/instance``)."""
+        modes: dict[str, str] = {}
+        members: dict[str, list[str]] = {}
+        for r in self.runs:
+            spec = r.spec
+            if spec.group and spec.group_expected:
+                modes[spec.group] = spec.group_expected.value
+                members.setdefault(spec.group, []).append(str(target_key(spec, self.job)))
+        return {g: (modes[g], tuple(m)) for g, m in members.items()}
 
 
-def simulate(seed: int, seconds: float, step_s: float, progress: Progress = lambda _: None,
-             presets: tuple[str, ...] = DEMO_PRESETS) -> list[SimTarget]:
-    """Run every preset (each replica one engine) for ``seconds``; deterministic per seed."""
-    out: list[SimTarget] = []
-    for i, name in enumerate(presets):
-        family = FAMILIES[i % len(FAMILIES)]
-        rng = np.random.default_rng([seed, i])
-        replicas = PRESETS[name].build(BuildContext(sample_base(rng, family), rng, seconds))
-        progress(f"[{i + 1}/{len(presets)}] simulating {name} ({family}, {len(replicas)} engine(s))")
-        for j, rep in enumerate(replicas):
-            trace = _run(rep, seed * 1000 + i * 10 + j, seconds, step_s)
-            label = rep.expected.value + (f" ({rep.cause.value})" if rep.cause else "")
-            inst = f"{name}-{j}" if len(replicas) > 1 else name
-            out.append(SimTarget(TargetKey(f"demo-{family}", inst), name, family, label, trace))
-    return out
-
-
-def _signals(tr: Trace, grid_rel: np.ndarray, rate_window: float) -> dict[Signal, np.ndarray]:
-    idx = tr.hist_idx
-    t = tr.t[idx] + tr.config.dt  # state after the step
-    t = t - t[-1] + grid_rel[-1]
-    g, c = tr.gauge, tr.counter
-
-    def at(v: np.ndarray) -> np.ndarray:
-        return np.asarray(v)[idx]
-
-    def hist(name: str) -> tuple[tuple[float, ...], np.ndarray, np.ndarray, np.ndarray]:
-        bounds = UNION[name]
-        cum, count, total = tr.view(t).hist(name, bounds)
-        return bounds, np.column_stack(cum), np.asarray(count), np.asarray(total)
-
-    out: dict[Signal, np.ndarray] = {
-        Signal.KV_USAGE: at(g("usage")),
-        Signal.RUNNING: at(g("running")),
-        Signal.WAITING: at(g("waiting")),
-        Signal.PREEMPTIONS: rate(at(c("preemptions")), t, rate_window),
-        Signal.GEN_TPS: rate(at(c("generation_tokens")), t, rate_window),
-        Signal.PROMPT_TPS: rate(at(c("prompt_tokens")), t, rate_window),
-        Signal.REQUEST_RATE: rate(at(c("success_stop")) + at(c("success_length")), t, rate_window),
-        Signal.ABORT_RATE: rate(at(c("aborted")), t, rate_window),
-        Signal.KV_CAPACITY_TOKENS: np.full(len(t), float(tr.config.kv_tokens)),
-        Signal.MAX_RUNNING: at(g("max_num_seqs")),
-    }
-    b, cum, count, total = hist("ttft")
-    out[Signal.TTFT_P50] = histogram_quantile(0.5, b, cum, t, rate_window)
-    out[Signal.TTFT_P99] = histogram_quantile(0.99, b, cum, t, rate_window)
-    out[Signal.TTFT_MEAN] = histogram_mean(total, count, t, rate_window)
-    b, cum, count, total = hist("queue")
-    out[Signal.QUEUE_P99] = histogram_quantile(0.99, b, cum, t, rate_window)
-    out[Signal.QUEUE_MEAN] = histogram_mean(total, count, t, rate_window)
-    b, cum, _, _ = hist("itl")
-    out[Signal.ITL_P99] = histogram_quantile(0.99, b, cum, t, rate_window)
-    return out
-
-
-def fleet_data(sims: list[SimTarget], at: float, window_s: float, step_s: float,
-               rate_window: float) -> tuple[list[Target], FleetData]:
-    """Targets and their signals on kvwatch's evaluation grid ending at ``at`` (Unix s)."""
-    n = int(window_s // step_s)
-    grid = at - step_s * np.arange(n, -1, -1, dtype=float)
-    targets: list[Target] = []
-    data = FleetData(grid=grid, targets={})
-    for s in sims:
-        dialect = DIALECT_BY_ID[FAMILY_DIALECT[s.family]]
-        target = Target(s.key, dialect.id, dialect.engine, s.preset, frozenset(dialect.names()))
-        targets.append(target)
-        data.targets[s.key] = target
-        sourced = set(resolve(target))
-        data.sourced[s.key] = sourced
-        sig = _signals(s.trace, grid, rate_window)
-        for name, values in sig.items():
-            if name in sourced:
-                data.put(s.key, name, values[-len(grid):])
-    return targets, data
+def simulate_fleet(seed: int, *, duration_s: float, warmup_s: float, scrape_s: float,
+                   end_time: float, progress: Progress = lambda _: None,
+                   presets: Sequence[str] = DEMO_PRESETS,
+                   dialects: Sequence[Dialect] = DEMO_DIALECTS) -> DemoFleet:
+    """Run every target for ``warmup_s + duration_s`` simulated s; scrapes cover the last
+    ``duration_s`` and the last is stamped ``end_time``. Deterministic per seed: the
+    dynamics do not depend on ``scrape_s``."""
+    specs = plan(seed, warmup_s + duration_s, presets, dialects)
+    runs: list[TargetRun] = []
+    for i, spec in enumerate(specs):
+        progress(f"[{i + 1}/{len(specs)}] simulating {spec.preset} ({spec.dialect.value})")
+        runs.append(simulate(spec, duration_s=duration_s, end_time=end_time, warmup_s=warmup_s,
+                             scrape_interval_s=scrape_s))
+    return DemoFleet(tuple(runs), end_time, scrape_s)

@@ -1,11 +1,10 @@
-"""Signals from the simulator's ground truth, computed the way Prometheus would.
+"""PromQL's range arithmetic on sampled arrays, for the in-process demo backend.
 
-The in-process demo backend has no PromQL engine: it takes the simulated
-gauges, counters and histogram snapshots on the scrape grid and derives each
-canonical signal with the same arithmetic the dialect's PromQL applies —
-``rate()`` over the rate window for counters, ``histogram_quantile`` (linear
-interpolation inside the bucket, upper bound of the last finite bucket for the
-+Inf bucket) over bucket increases, and ``rate(sum)/rate(count)`` for means.
+The in-process backend has no PromQL engine: :mod:`kvwatch.demo.promlite` applies
+these to the series a simulated engine exposes, on its scrape times — ``rate()``
+over the rate window for counters, ``histogram_quantile`` (linear interpolation
+inside the bucket, upper bound of the last finite bucket for the +Inf bucket) over
+bucket increases, and ``rate(sum)/rate(count)`` for means.
 Units: seconds, requests, tokens; NaN where Prometheus would return nothing.
 """
 
