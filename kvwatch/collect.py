@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
@@ -19,9 +21,11 @@ import numpy as np
 
 from kvwatch.dialects import DIALECT_BY_ID, Source, SourceKind
 from kvwatch.durations import parse_duration
+from kvwatch.errors import PrometheusBadResponse
 from kvwatch.fleetdata import FleetData
 from kvwatch.models import Target, TargetKey
 from kvwatch.promclient import QueryClient, Series
+from kvwatch.selector import Matcher
 from kvwatch.signals import SIGNAL_INFO, Signal
 
 
@@ -115,6 +119,46 @@ def _to_grid(series: Series, grid: np.ndarray, step: float, transform: float | N
 
 _LATENCY_KINDS = (SourceKind.HIST_QUANTILE, SourceKind.HIST_MEAN)
 
+# RE2 rejects escapes of characters that are not metacharacters (Python's re.escape makes some)
+_RE2_META = re.compile(r"[\\.+*?()|\[\]{}^$]")
+
+#: deepest halving of a too-large query: 2**MAX_SPLIT_DEPTH chunks at most
+MAX_SPLIT_DEPTH = 8
+
+
+def _too_large(exc: PrometheusBadResponse) -> bool:
+    """Prometheus' answer when a query would exceed ``--query.max-samples`` (or a proxy's limit)."""
+    text = exc.detail.lower()
+    return "too many samples" in text or "exceeded maximum resolution" in text or "max-samples" in text
+
+
+def _instances_matcher(keys: list[TargetKey]) -> str:
+    """``instance=~"a|b"`` for exactly these targets (regex metacharacters escaped for RE2)."""
+    alternatives = "|".join(_RE2_META.sub(r"\\\g<0>", k.instance) for k in keys)
+    return Matcher("instance", "=~", alternatives).render()
+
+
+def _join(*matchers: str) -> str:
+    return ", ".join(m for m in matchers if m)
+
+
+def _split(
+    keys: list[TargetKey], fetch: Callable[[list[TargetKey]], list[Series]], depth: int = 1
+) -> list[list[Series]]:
+    """Fetch ``keys`` in halves, halving again while Prometheus still says the answer is too large."""
+    if len(keys) <= 1 or depth > MAX_SPLIT_DEPTH:
+        return [fetch(keys)]
+    mid = len(keys) // 2
+    out: list[list[Series]] = []
+    for half in (keys[:mid], keys[mid:]):
+        try:
+            out.append(fetch(half))
+        except PrometheusBadResponse as exc:
+            if not _too_large(exc):
+                raise
+            out.extend(_split(half, fetch, depth + 1))
+    return out
+
 
 def _latency_hold(latency_window: str | None, step_s: float) -> int:
     """Grid steps between latency samples: about a tenth of the latency window, at least 1."""
@@ -183,12 +227,30 @@ def collect(
     k0 = n % hold if hold > 1 else 0
     coarse_start = datetime.fromtimestamp(grid[k0], tz=UTC)
 
+    def fetch(q: str, mode: str) -> list[Series]:
+        if mode == "static":
+            return client.instant(q, at)
+        if mode == "coarse":
+            return client.range(q, coarse_start, at, step_s * hold)
+        return client.range(q, start, at, step_s)
+
     def run(q: str) -> tuple[str, list[Series]]:
-        if q in static:
-            return q, client.instant(q, at)
-        if q in coarse:
-            return q, client.range(q, coarse_start, at, step_s * hold)
-        return q, client.range(q, start, at, step_s)
+        mode = "static" if q in static else "coarse" if q in coarse else "range"
+        try:
+            return q, fetch(q, mode)
+        except PrometheusBadResponse as exc:
+            if not _too_large(exc):
+                raise
+        # Prometheus refused to load that many samples (--query.max-samples): ask again
+        # for halves of the targets this query serves, down to single targets.
+        keys = sorted(set().union(*(k for _, k, _ in queries[q])), key=lambda k: (k.job, k.instance))
+        src = queries[q][0][2]
+
+        def fetch_chunk(sub: list[TargetKey]) -> list[Series]:
+            matchers = _join(user_matchers, _instances_matcher(sub))
+            return fetch(src.promql(matchers, rate_window, latency_window), mode)
+
+        return q, [row for chunk in _split(keys, fetch_chunk) for row in chunk]
 
     with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
         answers = list(pool.map(run, sorted(queries)))
