@@ -201,8 +201,14 @@ def collect(
     user_matchers: str,
     max_concurrency: int = 4,
     latency_window: str | None = None,
+    range_signals: frozenset[Signal] | None = None,
 ) -> FleetData:
-    """Fetch every signal of every target over [at − window, at] on a ``step_s`` grid."""
+    """Fetch every signal of every target over [at − window, at] on a ``step_s`` grid.
+
+    ``range_signals`` (default: all) are fetched as series over the window; the others
+    only at ``at`` and held over the grid — for signals no rule condition reads (they
+    only fill triage text), which spares Prometheus most histogram work.
+    """
     end = at.timestamp()
     n = int(window_s // step_s)
     grid = end - step_s * np.arange(n, -1, -1, dtype=float)
@@ -214,7 +220,10 @@ def collect(
 
     # Static signals (pool size, max concurrency) only need their value now: one instant
     # query instead of a range query over the whole window.
-    static = {q for q, uses in queries.items() if all(SIGNAL_INFO[sig].static for sig, _, _ in uses)}
+    def instant_only(sig: Signal) -> bool:
+        return SIGNAL_INFO[sig].static or (range_signals is not None and sig not in range_signals)
+
+    static = {q for q, uses in queries.items() if all(instant_only(sig) for sig, _, _ in uses)}
 
     # Histogram quantiles over a long latency window change slowly; sampling them at
     # ~1/10 of that window (a multiple of the step, aligned to the grid) costs

@@ -31,6 +31,7 @@ def evaluate(client: QueryClient, settings: Settings, rules: RuleSet, at: dateti
         step_s=ev.step,
         rate_window=format_duration(ev.rate_window),
         latency_window=format_duration(ev.latency_window),
+        range_signals=rules.condition_signals(),
         user_matchers=matchers,
         max_concurrency=settings.prometheus.max_concurrency,
     )

@@ -36,12 +36,17 @@ from kvwatch.config import Duration, read_yaml
 from kvwatch.errors import ConfigError, Problem
 from kvwatch.features import STATS
 from kvwatch.models import FailureMode, Severity
-from kvwatch.signals import Signal
+from kvwatch.signals import REQUIRED_SIGNALS, Signal
 
 #: signals derived point-wise from two canonical signals
 DERIVED_SIGNALS: dict[str, str] = {
     "ttft_tail_ratio": "ttft_p99 / ttft_p50",
     "running_vs_cap": "running / max_running",
+}
+#: the canonical signals each derived signal is computed from
+DERIVED_INPUTS: dict[str, tuple[str, ...]] = {
+    "ttft_tail_ratio": ("ttft_p99", "ttft_p50"),
+    "running_vs_cap": ("running", "max_running"),
 }
 SIGNAL_NAMES: frozenset[str] = frozenset({s.value for s in Signal} | set(DERIVED_SIGNALS))
 
@@ -202,6 +207,21 @@ class RuleSet:
 
     def by_mode(self, mode: FailureMode) -> tuple[Rule, ...]:
         return tuple(r for r in self.rules if r.mode is mode)
+
+    def condition_signals(self) -> frozenset[Signal]:
+        """Canonical signals some rule condition reads (derived signals expanded).
+
+        These need a time series over the window; the others only fill triage text.
+        """
+        names: set[str] = {s.value for s in REQUIRED_SIGNALS}
+        for r in self.rules:
+            for leaf in r.leaves():
+                for name in (leaf.signal, leaf.ref):
+                    if name:
+                        names.update(DERIVED_INPUTS.get(name, (name,)))
+        # facts computed from series: tokens per request, the replica group, the period
+        names.update(("kv_usage", "gen_tps", "prompt_tps", "request_rate"))
+        return frozenset(Signal(n) for n in names if n in Signal._value2member_map_)
 
 
 _TEMPLATE_ROOTS = SIGNAL_NAMES | set(FACTS) | {"window", "target", "cause", "for_minutes", "window_minutes"}
