@@ -20,6 +20,7 @@ import numpy as np
 
 from kvwatch.features import SeriesStats, safe_ratio
 from kvwatch.fleetdata import FleetData
+from kvwatch.fleetstats import VECTOR_STATS, FleetStats
 from kvwatch.models import (
     Diagnosis,
     Evidence,
@@ -56,13 +57,32 @@ class Params:
 class TargetView:
     """Lazy statistics of one target over named spans (``for`` tails and the whole window)."""
 
-    def __init__(self, target: Target, data: FleetData, params: Params) -> None:
+    def __init__(
+        self, target: Target, data: FleetData, params: Params, fleet: FleetStats | None = None
+    ) -> None:
         self.target = target
         self.key = target.key
         self.data = data
         self.p = params
+        self.fleet = fleet if fleet is not None else FleetStats([target.key], data, params.at)
+        self.row = self.fleet.row[target.key]
         self._cache: dict[tuple[str, float], SeriesStats] = {}
         self._starts: dict[float, int] = {}
+
+    def stat(self, name: str, span_s: float, stat: str, arg: float | None = None) -> float | None:
+        """One statistic of a signal over the last ``span_s`` seconds (None: not computable).
+
+        Fleet-wide vectorised where possible (one numpy pass answers every target),
+        per series otherwise (swings, periodogram).
+        """
+        if stat in VECTOR_STATS:
+            vec = self.fleet.vector(name, span_s, stat, arg)
+            if vec is None:
+                return None
+            x = float(vec[self.row])
+            return x if math.isfinite(x) else None
+        st = self.stats(name, span_s)
+        return None if st is None else st.stat(stat, arg)
 
     def raw(self, name: str) -> np.ndarray | None:
         if name == "ttft_tail_ratio":
@@ -107,42 +127,52 @@ def _group_facts(views: list[TargetView]) -> dict[TargetKey, dict[str, float | N
     """Replica-imbalance facts: each target against the others of its (job, model) group."""
     groups: dict[tuple[str, str], list[tuple[TargetKey, float]]] = defaultdict(list)
     for v in views:
-        st = v.stats("kv_usage", GROUP_SPAN_S)
-        if st is not None and st.mean is not None and v.target.model:
-            groups[v.target.group].append((v.key, st.mean))
+        mean = v.stat("kv_usage", GROUP_SPAN_S, "mean")
+        if mean is not None and v.target.model:
+            groups[v.target.group].append((v.key, mean))
     out: dict[TargetKey, dict[str, float | None]] = {}
     for members in groups.values():
-        means = np.array([m for _, m in members])
-        for i, (key, mine) in enumerate(members):
-            others = np.delete(means, i)
-            med = float(np.median(others)) if len(others) else None
+        n = len(members)
+        order = sorted(range(n), key=lambda i: members[i][1])
+        srt = [members[i][1] for i in order]
+        mean = sum(srt) / n
+        for k, i in enumerate(order):  # k: this member's position in the sorted means
+            key, mine = members[i]
+            med = _median_without(srt, k) if n > 1 else None
             out[key] = {
-                "group_size": float(len(members)),
+                "group_size": float(n),
                 "group_kv_usage_median": med,
-                "group_kv_usage_mean": float(means.mean()),
+                "group_kv_usage_mean": mean,
                 "kv_usage_vs_group": None if med is None else mine - med,
             }
     return out
+
+
+def _median_without(srt: list[float], k: int) -> float:
+    """Median of sorted ``srt`` without its element ``k``, in O(1) (groups can be large)."""
+    m = len(srt) - 1
+
+    def at(j: int) -> float:
+        return srt[j] if j < k else srt[j + 1]
+
+    return (at((m - 1) // 2) + at(m // 2)) / 2
 
 
 def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, float | None]:
     """Scalar facts used by rules and triage text: capacity math and headroom in tokens and requests."""
     p = view.p
     w = p.window_s
-    cap = view.static("kv_capacity_tokens")
-    usage = view.stats("kv_usage", max(3 * p.step_s, 300.0))
-    u_now = usage.last if usage is not None else None
+    cap = view.stat("kv_capacity_tokens", w, "last")
+    u_now = view.stat("kv_usage", max(3 * p.step_s, 300.0), "last")
     used = None if cap is None or u_now is None else cap * u_now
     headroom = None if cap is None or u_now is None else cap * (1 - u_now)
-    tps = [view.stats(s, w) for s in ("prompt_tps", "gen_tps", "request_rate")]
-    per_req = None
-    if all(s is not None and s.mean is not None for s in tps):
-        per_req = safe_ratio(tps[0].mean + tps[1].mean, tps[2].mean)  # type: ignore[union-attr,operator]
-    ws = view.stats("kv_usage", w)
-    # the periodogram is the costliest statistic: only swinging pools have a period worth naming
-    swinging = ws is not None and (ws.std or 0.0) >= 0.05
-    period = ws.period if swinging and (ws.periodicity or 0) >= 0.2 else None  # type: ignore[union-attr]
-    cycles = ws.cycles(0.8, 0.4) if ws is not None else None
+    prompt, gen, reqs = (view.stat(s, w, "mean") for s in ("prompt_tps", "gen_tps", "request_rate"))
+    per_req = None if prompt is None or gen is None else safe_ratio(prompt + gen, reqs)
+    # the periodogram and the swing walk are per series: only swinging pools need them
+    swinging = (view.stat("kv_usage", w, "std") or 0.0) >= 0.05
+    ws = view.stats("kv_usage", w) if swinging else None
+    period = ws.period if ws is not None and (ws.periodicity or 0) >= 0.2 else None
+    cycles = ws.cycles(0.8, 0.4) if ws is not None else (0 if view.stat("kv_usage", w, "count") else None)
     return {
         "capacity_tokens": cap,
         "used_tokens": used,
@@ -150,7 +180,7 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "tokens_per_request": per_req,
         "headroom_requests": safe_ratio(headroom, per_req),
         "capacity_requests": safe_ratio(cap, per_req),
-        "max_running": view.static("max_running"),
+        "max_running": view.stat("max_running", w, "last"),
         "ttft_slo": p.ttft_slo_s,
         "period": period,
         "period_minutes": None if period is None else period / 60,
@@ -182,8 +212,7 @@ class _Eval:
         else:
             assert leaf.signal is not None
             span = self.span(leaf)
-            st = self.view.stats(leaf.signal, span)
-            obs = None if st is None else st.stat(leaf.stat, leaf.arg)
+            obs = self.view.stat(leaf.signal, span, leaf.stat, leaf.arg)
             name, window = leaf.signal, _fmt_span(span)
             stat = leaf.stat if leaf.arg is None else f"{leaf.stat}({leaf.arg:g})"
         if obs is None or thr is None or not math.isfinite(obs):
@@ -232,8 +261,10 @@ class _Stats:
         self._view, self._name, self._span = view, name, span
 
     def __getattr__(self, stat: str) -> Num:
-        st = self._view.stats(self._name, self._span)
-        return Num(None if st is None else st.stat(stat))
+        try:
+            return Num(self._view.stat(self._name, self._span, stat))
+        except (AttributeError, KeyError, TypeError):
+            return Num(None)  # not a statistic: the template renders n/a
 
 
 class _Context(dict):  # type: ignore[type-arg]
@@ -269,11 +300,10 @@ def _confidence(ev: _Eval, coverage: float) -> float:
 
 
 def _healthy(view: TargetView) -> Diagnosis:
-    st = view.stats("kv_usage", view.p.window_s)
-    wt = view.stats("waiting", view.p.window_s)
-    usage = Num(None if st is None else st.mean)
-    p90 = Num(None if st is None else st.quantile(0.9))
-    waiting = Num(None if wt is None else wt.mean)
+    w = view.p.window_s
+    usage = Num(view.stat("kv_usage", w, "mean"))
+    p90 = Num(view.stat("kv_usage", w, "p90"))
+    waiting = Num(view.stat("waiting", w, "mean"))
     return Diagnosis(
         mode=FailureMode.HEALTHY,
         rule_id="healthy",
@@ -308,14 +338,11 @@ def diagnose_target(
     p = view.p
     sourced = view.data.sourced.get(view.key, set())
     missing: list[str] = []
-    i0 = view._start(p.window_s)
     for sig in _ALL_SIGNALS:
         if sig not in sourced:
             missing.append(sig.value)
-        else:
-            v = view.data.values(view.key, sig)
-            if v is None or not np.isfinite(v[i0:]).any():
-                missing.append(f"{sig.value} (no data)")
+        elif not view.stat(sig.value, p.window_s, "count"):
+            missing.append(f"{sig.value} (no data)")
     facts = facts_for(view, group)
     if view.target.dialect == "stale":
         reason = "KV usage was reported during the window but no engine metrics exist now (target gone or no longer scraped)"
@@ -325,11 +352,10 @@ def diagnose_target(
             return TargetResult(
                 view.target, FailureMode.UNKNOWN, (_unknown(view, f"{sig.value} is not exported"),), tuple(missing), facts
             )
-    fresh = view.stats(Signal.KV_USAGE.value, max(3 * p.step_s, 300.0))
-    if fresh is None or len(fresh) == 0:
+    if not view.stat(Signal.KV_USAGE.value, max(3 * p.step_s, 300.0), "count"):
         reason = "no kv_usage samples in the last 5 minutes (stale or gone target)"
         return TargetResult(view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(missing), facts)
-    coverage = view.stats(Signal.KV_USAGE.value, p.window_s).coverage  # type: ignore[union-attr]
+    coverage = view.stat(Signal.KV_USAGE.value, p.window_s, "coverage") or 0.0
     found: list[Diagnosis] = []
     blind: list[str] = []
     for rule in rules.rules:
@@ -364,7 +390,9 @@ def diagnose_target(
 
 def diagnose(targets: Iterable[Target], data: FleetData, rules: RuleSet, params: Params) -> tuple[TargetResult, ...]:
     """Classify every target; results are sorted by (state precedence, job, instance)."""
-    views = [TargetView(t, data, params) for t in targets]
+    targets = list(targets)
+    fleet = FleetStats([t.key for t in targets], data, params.at)
+    views = [TargetView(t, data, params, fleet) for t in targets]
     groups = _group_facts(views)
     results = [diagnose_target(v, rules, groups.get(v.key, {})) for v in views]
     results.sort(key=lambda r: (r.state.rank, r.target.key.job, r.target.key.instance))

@@ -122,10 +122,9 @@ class SeriesStats:
     @_memo
     def slope(self) -> float | None:
         """Least-squares trend in units per minute (None with < MIN_SAMPLES samples)."""
-        if len(self.v) < MIN_SAMPLES or np.ptp(self.ts) <= 0:
+        if len(self.v) < MIN_SAMPLES:
             return None
-        t = (self.ts - self.ts[0]) / 60.0
-        return float(np.polyfit(t, self.v, 1)[0])
+        return _ls_slope(self.ts / 60.0, self.v)
 
     def cycles(self, high: float, low: float, dwell: int = 1) -> int | None:
         """Completed excursions: ≥ ``dwell`` consecutive samples ≥ high, then a sample ≤ low.
@@ -166,7 +165,6 @@ class SeriesStats:
     def _periodogram(self) -> tuple[float, float] | None:
         """(dominant period in seconds, share of spectral power at that peak)."""
         from scipy.fft import rfft, rfftfreq
-        from scipy.signal import detrend
 
         if len(self.v) < 2 * MIN_SAMPLES or np.ptp(self.ts) <= 0:
             return None
@@ -174,14 +172,17 @@ class SeriesStats:
         dt = float(np.median(np.diff(self.ts)))
         if dt <= 0:
             return None
-        grid = np.arange(self.ts[0], self.ts[-1] + dt / 2, dt)
-        y = np.interp(grid, self.ts, self.v)
+        if len(self.ts) == int(round((self.ts[-1] - self.ts[0]) / dt)) + 1:
+            grid, y = self.ts, self.v  # already regular: no resampling needed
+        else:
+            grid = np.arange(self.ts[0], self.ts[-1] + dt / 2, dt)
+            y = np.interp(grid, self.ts, self.v)
         y = y - y.mean()
         if not np.any(y):
             return None
         # the periodogram itself (|FFT|² of the linearly detrended series): scipy.signal's
         # periodogram computes the same through its STFT machinery at ~100x the cost
-        power = np.abs(rfft(detrend(y, type="linear"))) ** 2
+        power = np.abs(rfft(y - _ls_line(grid, y))) ** 2
         freqs = rfftfreq(len(y), d=dt)
         freqs, power = freqs[1:], power[1:]
         total = float(power.sum())
@@ -231,6 +232,19 @@ STATS: dict[str, bool] = {
     "frac_above": True, "frac_below": True, "quantile": True, "cycles": False, "swings": False,
     "sustained_swings": False,
 }
+
+
+def _ls_slope(t: np.ndarray, y: np.ndarray) -> float | None:
+    """Least-squares slope of y over t in closed form (cov/var): no lstsq for two parameters."""
+    tc = t - t.mean()
+    var = float(tc @ tc)
+    return None if var <= 0 else float(tc @ (y - y.mean())) / var
+
+
+def _ls_line(t: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The least-squares line through (t, y): what a linear detrend subtracts."""
+    slope = _ls_slope(t, y) or 0.0
+    return y.mean() + slope * (t - t.mean())
 
 
 def safe_ratio(a: float | None, b: float | None) -> float | None:

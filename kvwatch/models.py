@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class FailureMode(StrEnum):
@@ -85,9 +85,12 @@ class Target:
         return (self.key.job, self.model)
 
 
-@dataclass(frozen=True)
-class Evidence:
-    """One observed value against its threshold, over a window."""
+class Evidence(NamedTuple):
+    """One observed value against its threshold, over a window.
+
+    A NamedTuple rather than a frozen dataclass: the core builds one per evaluated
+    condition per target, and a frozen dataclass costs several times more to create.
+    """
 
     signal: str
     stat: str
