@@ -172,7 +172,7 @@ class SeriesStats:
         dt = float(np.median(np.diff(self.ts)))
         if dt <= 0:
             return None
-        if len(self.ts) == int(round((self.ts[-1] - self.ts[0]) / dt)) + 1:
+        if len(self.ts) == round((self.ts[-1] - self.ts[0]) / dt) + 1:
             grid, y = self.ts, self.v  # already regular: no resampling needed
         else:
             grid = np.arange(self.ts[0], self.ts[-1] + dt / 2, dt)
