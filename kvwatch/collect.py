@@ -10,6 +10,7 @@ through ``histogram_quantile`` over ``le``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 from collections import defaultdict
@@ -29,8 +30,13 @@ from kvwatch.selector import Matcher
 from kvwatch.signals import SIGNAL_INFO, Signal
 
 
+@functools.lru_cache(maxsize=16384)
 def resolve(target: Target) -> dict[Signal, Source]:
-    """The source each signal uses for this target (signals without one are absent)."""
+    """The source each signal uses for this target (signals without one are absent).
+
+    Cached: the same targets are resolved by planning, collection and every cycle.
+    Callers must not mutate the returned mapping.
+    """
     d = DIALECT_BY_ID.get(target.dialect)
     if d is None:
         return {}
@@ -109,6 +115,8 @@ def _to_grid(series: Series, grid: np.ndarray, step: float, transform: float | N
     arr = _points(series.get("values")) if isinstance(series, dict) else None
     if arr is None or not len(arr) or not len(grid) or not step > 0:
         return out
+    if len(arr) == len(grid) and arr[0, 0] == grid[0] and arr[-1, 0] == grid[-1]:
+        return arr[:, 1].copy()  # the usual case: a complete series exactly on the grid
     with np.errstate(invalid="ignore", over="ignore"):
         pos = (arr[:, 0] - grid[0]) / step
     ok = np.isfinite(pos) & (pos > -0.5) & (pos < len(grid) - 0.5)
@@ -171,13 +179,16 @@ def _latency_hold(latency_window: str | None, step_s: float) -> int:
     return max(1, int(lw / 10 // step_s))
 
 
-def _hold_forward(vals: np.ndarray, k0: int, hold: int) -> np.ndarray:
-    """Spread samples taken every ``hold`` slots (from slot ``k0``) over the slots after them."""
-    out = vals.copy()
-    for k in range(k0, len(vals), hold):
-        out[k : k + hold] = vals[k]
-    if k0:
-        out[:k0] = np.nan  # before the first coarse sample nothing is known
+def _hold_index(n: int, k0: int, hold: int) -> np.ndarray:
+    """For each of ``n`` slots, the coarse sample slot it takes its value from (-1: none yet)."""
+    idx = np.arange(n)
+    return np.where(idx >= k0, k0 + (idx - k0) // hold * hold, -1)
+
+
+def _hold_forward(vals: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """Spread coarse samples over the slots after them (``src`` from :func:`_hold_index`)."""
+    out = vals[np.maximum(src, 0)]
+    out[src < 0] = np.nan  # before the first coarse sample nothing is known
     return out
 
 
@@ -234,6 +245,7 @@ def collect(
         if hold > 1 and all(src.kind in _LATENCY_KINDS for _, _, src in uses)
     }
     k0 = n % hold if hold > 1 else 0
+    hold_src = _hold_index(len(grid), k0, hold)
     coarse_start = datetime.fromtimestamp(grid[k0], tz=UTC)
 
     def fetch(q: str, mode: str) -> list[Series]:
@@ -264,27 +276,30 @@ def collect(
     with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
         answers = list(pool.map(run, sorted(queries)))
     for q, rows in answers:
-        for sig, keys, src in queries[q]:
-            for row in rows:
-                m = row.get("metric") if isinstance(row, dict) else None
-                if not isinstance(m, dict):
-                    continue
-                key = TargetKey(str(m.get("job", "")), str(m.get("instance", "")))
+        uses = queries[q]
+        for row in rows:
+            m = row.get("metric") if isinstance(row, dict) else None
+            if not isinstance(m, dict):
+                continue
+            key = TargetKey(str(m.get("job", "")), str(m.get("instance", "")))
+            if not any(key in keys for _, keys, _ in uses):
+                continue
+            if q in static:
+                vals = _instant_to_grid(row, len(grid))
+            else:
+                vals = _to_grid(row, grid, step_s)
+                if q in coarse:
+                    vals = _hold_forward(vals, hold_src)
+            for sig, keys, src in uses:
                 if key not in keys:
                     continue
-                if q in static:
-                    vals = _instant_to_grid(row, len(grid))
-                else:
-                    vals = _to_grid(row, grid, step_s)
-                    if q in coarse:
-                        vals = _hold_forward(vals, k0, hold)
                 if src.kind is SourceKind.VLLM_CACHE_INFO:
                     tokens = cache_info_tokens(m)
                     if tokens is None:
                         continue
-                    vals = np.where(np.isnan(vals), np.nan, tokens)
+                    info = np.where(np.isnan(vals), np.nan, tokens)
                     prev = data.values(key, sig)
-                    data.put(key, sig, vals if prev is None else np.fmax(prev, vals))
+                    data.put(key, sig, info if prev is None else np.fmax(prev, info))
                 else:
                     data.put(key, sig, vals)
     return data
