@@ -72,6 +72,12 @@ CASES = {
         FailureMode.FRAGMENTED,
         "",
     ),
+    "fragmented-low-usage": (
+        # a pool reporting almost nothing used, requests waiting, running not at a ceiling
+        base(kv_usage=const(0.12), waiting=const(6), running=10 + np.sin(GRID / 50) * 4),
+        FailureMode.FRAGMENTED,
+        "",
+    ),
     "misread": (
         base(ttft_p50=const(0.2), ttft_p99=const(4.0), ttft_mean=const(0.5)),
         FailureMode.MISREAD,
