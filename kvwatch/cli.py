@@ -87,14 +87,7 @@ def _cmd_once(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     rules = load_ruleset(settings.rules.paths)
     at = parse_at(args.at)
-    p = settings.prometheus
-    client = PromClient(
-        p.url,
-        timeout_s=p.timeout,
-        retries=p.retries,
-        headers={k: v.get_secret_value() for k, v in p.headers.items()},
-        verify_tls=p.verify_tls,
-    )
+    client = PromClient.from_settings(settings.prometheus)
     from kvwatch.pipeline import evaluate
 
     evaluation = evaluate(client, settings, rules, at)

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -23,6 +23,9 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.exceptions import ReadTimeoutError
 from urllib3.util.retry import Retry
+
+if TYPE_CHECKING:
+    from kvwatch.config import PrometheusSettings
 
 from kvwatch.errors import (
     PrometheusBadResponse,
@@ -188,6 +191,17 @@ class PromClient:
         except (TypeError, ValueError) as exc:
             raise PrometheusUnreachable(url, f"invalid URL: {exc}") from None
         self._session = session
+
+    @classmethod
+    def from_settings(cls, p: PrometheusSettings) -> PromClient:
+        """A client configured by the ``prometheus`` section (secret headers unwrapped here only)."""
+        return cls(
+            p.url,
+            timeout_s=p.timeout,
+            retries=p.retries,
+            headers={k: v.get_secret_value() for k, v in p.headers.items()},
+            verify_tls=p.verify_tls,
+        )
 
     def close(self) -> None:
         self._prom.close()

@@ -56,14 +56,7 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
     if end < start:
         raise ConfigError("--to: must not be before --from")
     labels = load_labels(Path(args.labels)) if args.labels else None
-    p = settings.prometheus
-    client = PromClient(
-        p.url,
-        timeout_s=p.timeout,
-        retries=p.retries,
-        headers={k: v.get_secret_value() for k, v in p.headers.items()},
-        verify_tls=p.verify_tls,
-    )
+    client = PromClient.from_settings(settings.prometheus)
     result = run_backtest(client, settings, rules, start, end, step_s)
     if labels is not None:
         from dataclasses import replace

@@ -13,14 +13,7 @@ from kvwatch.promclient import PromClient
 
 
 def make_client(settings: Settings) -> PromClient:
-    p = settings.prometheus
-    return PromClient(
-        p.url,
-        timeout_s=p.timeout,
-        retries=p.retries,
-        headers={k: v.get_secret_value() for k, v in p.headers.items()},
-        verify_tls=p.verify_tls,
-    )
+    return PromClient.from_settings(settings.prometheus)
 
 
 def make_notifiers(settings: Settings, chart: ChartMaker | None = None) -> dict[str, Notifier]:
