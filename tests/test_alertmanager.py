@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 import requests
-from support.prom import free_port, require_binary, wait_http
+from support.prom import free_port, require_binary, server_process
 from test_lifecycle import FULL_KEY, diag, lc, result
 
 from kvwatch.config import load_settings
@@ -58,24 +57,13 @@ def alertmanager(hook: str) -> Iterator[str]:
         f"receivers:\n  - name: rec\n    webhook_configs:\n      - url: {hook}\n        send_resolved: true\n"
     )
     port = free_port()
-    log = open(work / "am.log", "wb")  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(
-        [binary, f"--config.file={work / 'am.yml'}", f"--storage.path={work / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    args = [binary, f"--config.file={work / 'am.yml'}", f"--storage.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="]
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{url}/-/ready", timeout=30, proc=proc)
-        yield url
+        with server_process(args, f"{url}/-/ready", work / "am.log", timeout=30):
+            yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

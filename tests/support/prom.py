@@ -77,6 +77,24 @@ def backfill(om_text: str | Path, tsdb: Path) -> None:
 
 
 @contextmanager
+def server_process(args: list[str], ready_url: str, log_path: Path, timeout: float = 60.0) -> Iterator[None]:
+    """Run a server binary until ``ready_url`` answers 200; always terminate it (kill after 10 s)."""
+    log = open(log_path, "wb")  # noqa: SIM115 - closed in finally
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_http(ready_url, timeout=timeout, proc=proc)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@contextmanager
 def prometheus(
     tsdb: Path | None = None, config: str = "global:\n  scrape_interval: 15s\n", extra_args: tuple[str, ...] = ()
 ) -> Iterator[str]:
@@ -87,31 +105,19 @@ def prometheus(
     cfg = work / "prometheus.yml"
     cfg.write_text(config)
     port = free_port()
-    log = open(work / "prometheus.log", "wb")  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={cfg}",
-            f"--storage.tsdb.path={tsdb}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=100y",
-            "--query.lookback-delta=5m",
-            "--web.enable-lifecycle",
-            *extra_args,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    args = [
+        binary,
+        f"--config.file={cfg}",
+        f"--storage.tsdb.path={tsdb}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--storage.tsdb.retention.time=100y",
+        "--query.lookback-delta=5m",
+        "--web.enable-lifecycle",
+        *extra_args,
+    ]
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{url}/-/ready", timeout=60, proc=proc)
-        yield url
+        with server_process(args, f"{url}/-/ready", work / "prometheus.log"):
+            yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
         shutil.rmtree(work, ignore_errors=True)
