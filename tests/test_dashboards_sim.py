@@ -38,7 +38,6 @@ from support.prom import PROMTOOL, backfill, prometheus, require_binary
 from kvwatch.config import load_settings
 from kvwatch.dashboards.build import RECORDING_RULES, render_all
 from kvwatch.dashboards.common import QUANTILES
-from kvwatch.dashboards.extras import EXTRA_SOURCES, Extra, extra_sources
 from kvwatch.dashboards.queries import (
     PANEL_MATCHERS,
     bucket_increase_exprs,
@@ -50,6 +49,7 @@ from kvwatch.dashboards.queries import (
 )
 from kvwatch.dashboards.recording import INFO_RECORD, PREFIX_HIT_RECORD, RECORDS
 from kvwatch.dialects import DIALECT_BY_ID, Dialect, Source, SourceKind, selector
+from kvwatch.extras import EXTRA_SOURCES, Extra, extra_sources
 from kvwatch.models import Evaluation
 from kvwatch.pipeline import evaluate
 from kvwatch.promclient import PromClient

@@ -19,7 +19,8 @@ from typing import Any
 
 from kvwatch.capacity.math import QUANTILES
 from kvwatch.collect import cache_info_tokens
-from kvwatch.dialects import DIALECT_BY_ID, SourceKind, selector
+from kvwatch.dialects import DIALECT_BY_ID, DIALECTS, SourceKind, selector
+from kvwatch.extras import Extra, extra_sources
 from kvwatch.promclient import QueryClient, Series
 from kvwatch.signals import Signal
 
@@ -35,32 +36,29 @@ class LengthHistograms:
     note: str = ""
 
 
+#: caveats of an engine's length histograms, shown with the quantiles
+_LENGTH_NOTES = {
+    "vllm": "vLLM token histograms use 1-2-5 buckets: quantiles are interpolated and coarse",
+    "trtllm-triton": "Triton nv_llm_* buckets end at 1000 tokens: quantiles above 1000 are clamped to 1000",
+}
+
+
+def _length_histograms() -> tuple[LengthHistograms, ...]:
+    """Every dialect's length-histogram families, from the shared table in :mod:`kvwatch.extras`."""
+    out: list[LengthHistograms] = []
+    seen: set[str] = set()
+    for d in DIALECTS:
+        prompt, output = extra_sources(d, Extra.PROMPT_LENGTH), extra_sources(d, Extra.OUTPUT_LENGTH)
+        if not prompt or not output or prompt[0].metric in seen:
+            continue  # vLLM V0 and V1 share their names
+        seen.add(prompt[0].metric)
+        note = _LENGTH_NOTES.get(d.id, _LENGTH_NOTES.get(d.engine, ""))
+        out.append(LengthHistograms(d.engine, d.id, prompt[0].metric, output[0].metric, note))
+    return tuple(out)
+
+
 #: Detection order: the first family present wins.
-LENGTH_HISTOGRAMS: tuple[LengthHistograms, ...] = (
-    LengthHistograms(
-        "vllm",
-        "vllm-v1",
-        "vllm:request_prompt_tokens",
-        "vllm:request_generation_tokens",
-        "vLLM token histograms use 1-2-5 buckets: quantiles are interpolated and coarse",
-    ),
-    LengthHistograms(
-        "sglang", "sglang", "sglang:prompt_tokens_histogram", "sglang:generation_tokens_histogram"
-    ),
-    LengthHistograms(
-        "sglang",
-        "sglang-underscore",
-        "sglang_prompt_tokens_histogram",
-        "sglang_generation_tokens_histogram",
-    ),
-    LengthHistograms(
-        "trtllm",
-        "trtllm-triton",
-        "nv_llm_input_token_len",
-        "nv_llm_output_token_len",
-        "Triton nv_llm_* buckets end at 1000 tokens: quantiles above 1000 are clamped to 1000",
-    ),
-)
+LENGTH_HISTOGRAMS: tuple[LengthHistograms, ...] = _length_histograms()
 
 
 @dataclass(frozen=True)

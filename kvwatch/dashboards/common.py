@@ -6,7 +6,6 @@ this module only decides titles, units and how each panel is to be read.
 
 from __future__ import annotations
 
-from kvwatch.dashboards.extras import Extra
 from kvwatch.dashboards.grafana import Panel, PanelType, Target, Variable
 from kvwatch.dashboards.queries import (
     bucket_increase_exprs,
@@ -15,6 +14,7 @@ from kvwatch.dashboards.queries import (
     signal_expr,
 )
 from kvwatch.dashboards.recording import INFO_RECORD
+from kvwatch.extras import Extra
 from kvwatch.signals import Signal
 
 TS, TABLE, HEAT = PanelType.TIMESERIES, PanelType.TABLE, PanelType.HEATMAP

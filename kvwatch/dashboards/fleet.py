@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from kvwatch.dashboards import common as c
-from kvwatch.dashboards.extras import Extra
 from kvwatch.dashboards.grafana import Dashboard, Panel, PanelType, Target, row
 from kvwatch.dashboards.queries import PANEL_MATCHERS, extra_expr, signal_expr
 from kvwatch.dashboards.recording import INFO_RECORD
 from kvwatch.dialects import DIALECTS, SourceKind
+from kvwatch.extras import Extra
 from kvwatch.signals import Signal
 
 _MODEL_INFO = f'max by (job, instance, model) ({INFO_RECORD}{{job=~"$job", instance=~"$instance"}})'

@@ -8,7 +8,7 @@ dialects joined with ``or``. Different dialects use different metric names, so
 the ``or`` never merges two engines' series; each result carries exactly the
 target labels ``job`` and ``instance``. No metric name is written here: names
 live in :mod:`kvwatch.dialects` and, for the few dashboard-only families, in
-:mod:`kvwatch.dashboards.extras`.
+:mod:`kvwatch.extras`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from kvwatch.dashboards.extras import Extra, dialects_with, extra_sources
 from kvwatch.dialects import BY, DIALECTS, Dialect, Source, SourceKind, selector
+from kvwatch.extras import Extra, dialects_with, extra_sources
 from kvwatch.signals import Signal
 
 #: Matchers every dashboard query carries (Grafana template variables).

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvwatch.dashboards.extras import Extra, dialects_with
 from kvwatch.dashboards.queries import (
     RULE_RATE,
     dialect_expr,
@@ -23,6 +22,7 @@ from kvwatch.dashboards.queries import (
     join_or,
     prefix_hit_ratio_expr,
 )
+from kvwatch.extras import Extra, dialects_with
 from kvwatch.signals import Signal
 
 _W = f"rate{RULE_RATE}"

@@ -1,7 +1,8 @@
-"""Dashboard-only metric families that the classifier does not need.
+"""Metric families beyond the canonical signals: the classifier does not need them.
 
 Prefix-cache reuse, request-length histograms and KV block counts are shown on
-the dashboards but are not canonical signals (adding them to
+the dashboards (and the length histograms feed ``kvwatch capacity``) but are not
+canonical signals (adding them to
 :mod:`kvwatch.dialects` would make every target report them as blind spots).
 They are declared with the same :class:`~kvwatch.dialects.Source` model, and
 their names are derived from the dialect table wherever the table already
