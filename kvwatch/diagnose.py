@@ -36,7 +36,6 @@ from kvwatch.signals import REQUIRED_SIGNALS, Signal
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
 
-_SIGNALS: dict[str, Signal] = {s.value: s for s in Signal}
 _ALL_SIGNALS: tuple[Signal, ...] = tuple(Signal)  # iterating an Enum class is slow
 _NEGATE = {">": "<=", ">=": "<", "<": ">=", "<=": ">", "==": "!=", "!=": "=="}
 
@@ -85,24 +84,10 @@ class TargetView:
         return None if st is None else st.stat(stat, arg)
 
     def raw(self, name: str) -> np.ndarray | None:
-        if name == "ttft_tail_ratio":
-            a, b = self.raw("ttft_p99"), self.raw("ttft_p50")
-            if a is None or b is None:
-                return None
-            with np.errstate(divide="ignore", invalid="ignore"):
-                return np.where(b > 0, a / b, np.nan)
-        if name == "running_vs_cap":
-            a, cap = self.raw("running"), self.static("max_running")
-            return None if a is None or not cap else a / cap
-        sig = _SIGNALS.get(name)
-        return None if sig is None else self.data.values(self.key, sig)
-
-    def static(self, name: str) -> float | None:
-        v = self.raw(name) if name in _SIGNALS else None
-        if v is None:
-            return None
-        ok = v[np.isfinite(v)]
-        return float(ok[-1]) if len(ok) else None
+        """This target's row of a canonical or derived signal (derived ones are defined once,
+        in :meth:`FleetStats.matrix`)."""
+        m = self.fleet.matrix(name)
+        return None if m is None else m[self.row]
 
     def stats(self, name: str, span_s: float) -> SeriesStats | None:
         key = (name, span_s)
