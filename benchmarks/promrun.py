@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
+import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-import requests
 from synth import shards, write_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.prom import free_port, server_process
 
 SHARD_TARGETS = 250
 
@@ -48,48 +49,20 @@ def backfill_fleet(tsdb: Path, targets: int, start_s: int, samples: int, step_s:
         return sum(pool.map(_one_shard, work))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def run_prometheus(tsdb: Path, extra_args: tuple[str, ...] = ()) -> Iterator[tuple[str, int]]:
-    """Yields (base URL, pid) of a real Prometheus serving ``tsdb``."""
+    """A real Prometheus on ``tsdb`` (loopback, free port); yields its URL and pid."""
     work = Path(tempfile.mkdtemp(prefix="kvwatch-bench-"))
     cfg = work / "prometheus.yml"
     cfg.write_text("global:\n  scrape_interval: 15s\n")
-    port = _free_port()
-    log = open(work / "prometheus.log", "wb")  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(
-        ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tsdb}",
-         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y", *extra_args],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
+    args = ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tsdb}",
+            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y", *extra_args]
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {(work / 'prometheus.log').read_text()[-2000:]}")
-            try:
-                if requests.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(0.2)
-        else:
-            raise TimeoutError("prometheus not ready after 120s")
-        yield url, proc.pid
+        with server_process(args, f"{url}/-/ready", work / "prometheus.log", timeout=120, stop_timeout=20) as proc:
+            yield url, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

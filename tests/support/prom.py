@@ -81,17 +81,19 @@ def backfill(om_text: str | Path, tsdb: Path) -> None:
 
 
 @contextmanager
-def server_process(args: list[str], ready_url: str, log_path: Path, timeout: float = 60.0) -> Iterator[None]:
-    """Run a server binary until ``ready_url`` answers 200; always terminate it (kill after 10 s)."""
+def server_process(
+    args: list[str], ready_url: str, log_path: Path, timeout: float = 60.0, stop_timeout: float = 10.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run a server binary until ``ready_url`` answers 200; always terminate it (then kill)."""
     log = open(log_path, "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_http(ready_url, timeout=timeout, proc=proc)
-        yield
+        yield proc
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=stop_timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
