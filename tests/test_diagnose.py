@@ -180,3 +180,15 @@ def test_headroom_in_tokens_and_requests_fills_triage() -> None:
     assert facts["tokens_per_request"] == pytest.approx(2_000)  # (6000 + 2000) / 4
     assert facts["headroom_requests"] == pytest.approx(3.0)
     assert "6,000 tokens" in r.primary.triage[3]
+
+
+def test_fleet_data_as_a_tidy_frame_keeps_samples_and_drops_gaps() -> None:
+    key = TargetKey("vllm", "a:8000")
+    data = FleetData(grid=GRID[:3], targets={key: Target(key, "vllm-v1", "vllm")})
+    data.put(key, Signal.KV_USAGE, np.array([0.5, np.nan, 0.7]))
+    data.put(key, Signal.WAITING, np.array([np.nan, np.nan, np.nan]))
+    frame = data.to_frame()
+    assert list(frame.columns) == ["job", "instance", "signal", "ts", "value"]
+    assert frame["value"].tolist() == [0.5, 0.7]
+    assert set(frame["signal"]) == {"kv_usage"}
+    assert frame["ts"].iloc[1].timestamp() == GRID[2]
