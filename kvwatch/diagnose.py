@@ -52,6 +52,12 @@ class Params:
     step_s: float
     ttft_slo_s: float = 2.0
 
+    @property
+    def fresh_s(self) -> float:
+        """How recent "now" is: a target with no KV sample in this span is stale (≥ 5 min,
+        Prometheus' default lookback, and at least three evaluation steps)."""
+        return max(3 * self.step_s, 300.0)
+
 
 class TargetView:
     """Lazy statistics of one target over named spans (``for`` tails and the whole window)."""
@@ -148,7 +154,7 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
     p = view.p
     w = p.window_s
     cap = view.stat("kv_capacity_tokens", w, "last")
-    u_now = view.stat("kv_usage", max(3 * p.step_s, 300.0), "last")
+    u_now = view.stat("kv_usage", p.fresh_s, "last")
     used = None if cap is None or u_now is None else cap * u_now
     headroom = None if cap is None or u_now is None else cap * (1 - u_now)
     prompt, gen, reqs = (view.stat(s, w, "mean") for s in ("prompt_tps", "gen_tps", "request_rate"))
@@ -337,7 +343,7 @@ def diagnose_target(
             return TargetResult(
                 view.target, FailureMode.UNKNOWN, (_unknown(view, f"{sig.value} is not exported"),), tuple(missing), facts
             )
-    if not view.stat(Signal.KV_USAGE.value, max(3 * p.step_s, 300.0), "count"):
+    if not view.stat(Signal.KV_USAGE.value, p.fresh_s, "count"):
         reason = "no kv_usage samples in the last 5 minutes (stale or gone target)"
         return TargetResult(view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(missing), facts)
     coverage = view.stat(Signal.KV_USAGE.value, p.window_s, "coverage") or 0.0
