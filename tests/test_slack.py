@@ -59,7 +59,7 @@ def test_fire_ongoing_restart_resolve(tmp_path: Path) -> None:
         assert "observed 0.97" in fields[0]["text"] and "≥ 0.9" in fields[0]["text"]
         triage = next(b for b in parent["blocks"] if "Triage" in b.get("text", {}).get("text", ""))
         assert "1. one\n2. two" in triage["text"]["text"]
-        ctx = next(b for b in parent["blocks"] if b["type"] == "context")["elements"][0]["text"]
+        ctx = " · ".join(e["text"] for e in next(b for b in parent["blocks"] if b["type"] == "context")["elements"])
         assert "confidence 90%" in ctx and "full-rule" in ctx
         urls = [e["url"] for e in next(b for b in parent["blocks"] if b["type"] == "actions")["elements"]]
         assert urls[0].startswith("http://grafana.example/d/kvwatch-instance?") and "var-instance=10.0.0.1%3A8000" in urls[0]

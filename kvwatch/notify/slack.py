@@ -33,6 +33,7 @@ from kvwatch.notify import blocks
 from kvwatch.notify.base import DeliveryError, ThreadBook
 from kvwatch.notify.links import grafana_url, prometheus_url
 from kvwatch.state import ThreadRef
+from kvwatch.textsafe import printable
 
 log = logging.getLogger("kvwatch.notify.slack")
 
@@ -139,10 +140,10 @@ class SlackNotifier:
                     thread_ts=ref.ts,
                     content=png,
                     filename=f"kvwatch-{inc.key.mode.value}.png",
-                    title=f"{blocks.title(inc)}: KV usage, waiting, preemptions",
+                    title=blocks.clip(printable(f"{blocks.title(inc)}: KV usage, waiting, preemptions"), 250),
                 )
         except Exception as exc:  # charts are decoration: log one line and move on
-            log.warning("kvwatch: chart for %s not attached: %s", inc.key, exc)
+            log.warning("kvwatch: chart for %s not attached: %s", printable(str(inc.key)), exc)
 
 
 class SlackWebhookNotifier:

@@ -4,6 +4,11 @@ Implements ``chat.postMessage``, ``chat.update``, ``files.getUploadURLExternal``
 the upload URL, ``files.completeUploadExternal``, ``files.info`` and a webhook
 path (``/webhook/...``). Records every request with its arrival time (monotonic).
 ``fail_next(n, status, retry_after)`` answers the next ``n`` calls with an error.
+
+Messages are checked against Slack's Block Kit limits (:func:`block_errors`, written
+independently of kvwatch's own clipping) and refused like Slack refuses them:
+``{"ok": false, "error": "invalid_blocks"}`` from the Web API, HTTP 400
+``invalid_blocks`` from a webhook. Refused calls are recorded with status 400.
 """
 
 from __future__ import annotations
@@ -28,6 +33,72 @@ class Call:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+def _text_obj(obj: Any, where: str, limit: int, kinds: tuple[str, ...] = ("plain_text", "mrkdwn")) -> list[str]:
+    if not isinstance(obj, dict) or obj.get("type") not in kinds:
+        return [f"{where}: expected a text object of type {'/'.join(kinds)}"]
+    text = obj.get("text")
+    if not isinstance(text, str) or not text:
+        return [f"{where}.text: must be a non-empty string"]
+    if len(text) > limit:
+        return [f"{where}.text: {len(text)} characters, limit {limit}"]
+    return []
+
+
+def block_errors(blocks: Any) -> list[str]:
+    """Violations of Slack's Block Kit limits for the block types kvwatch sends ([] = valid)."""
+    if isinstance(blocks, str):
+        try:
+            blocks = json.loads(blocks)
+        except ValueError:
+            return ["blocks: not JSON"]
+    if not isinstance(blocks, list) or not blocks:
+        return ["blocks: expected a non-empty list"]
+    errs = [f"blocks: {len(blocks)} blocks, limit 50"] if len(blocks) > 50 else []
+    for i, b in enumerate(blocks):
+        w = f"blocks[{i}]"
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "header":
+            errs += _text_obj(b.get("text"), f"{w}.text", 150, ("plain_text",))
+        elif kind == "section":
+            if "text" not in b and "fields" not in b:
+                errs.append(f"{w}: section needs text or fields")
+            if "text" in b:
+                errs += _text_obj(b["text"], f"{w}.text", 3000)
+            fields = b.get("fields", [])
+            if len(fields) > 10:
+                errs.append(f"{w}.fields: {len(fields)} fields, limit 10")
+            for j, f in enumerate(fields):
+                errs += _text_obj(f, f"{w}.fields[{j}]", 2000)
+        elif kind == "context":
+            elems = b.get("elements") or []
+            if not 1 <= len(elems) <= 10:
+                errs.append(f"{w}.elements: {len(elems)} elements, expected 1-10")
+            for j, e in enumerate(elems):
+                errs += _text_obj(e, f"{w}.elements[{j}]", 3000)
+        elif kind == "actions":
+            elems = b.get("elements") or []
+            if not 1 <= len(elems) <= 25:
+                errs.append(f"{w}.elements: {len(elems)} elements, expected 1-25")
+            for j, e in enumerate(elems):
+                errs += _text_obj(e.get("text"), f"{w}.elements[{j}].text", 75, ("plain_text",))
+                if len(str(e.get("url", ""))) > 3000:
+                    errs.append(f"{w}.elements[{j}].url: longer than 3000")
+                if len(str(e.get("action_id", ""))) > 255:
+                    errs.append(f"{w}.elements[{j}].action_id: longer than 255")
+        else:
+            errs.append(f"{w}: unexpected block type {kind!r}")
+    return errs
+
+
+def message_errors(body: dict[str, Any]) -> list[str]:
+    """Block and top-level ``text`` violations of one message body (postMessage, update, webhook)."""
+    errs = block_errors(body["blocks"]) if "blocks" in body else []
+    text = body.get("text")
+    if text is not None and (not isinstance(text, str) or len(text) > 40000):
+        errs.append("text: not a string or longer than 40000")
+    return errs
+
+
 class FakeSlack:
     def __init__(self) -> None:
         self.calls: list[Call] = []
@@ -37,6 +108,8 @@ class FakeSlack:
         self._ts = 1_700_000_000
         self.url = ""
         self.uploads: dict[str, int] = {}
+        #: (method, violations) of every message refused as invalid_blocks
+        self.rejected: list[tuple[str, list[str]]] = []
 
     # ---- test controls -------------------------------------------------------------------------
     def fail_next(self, n: int, status: int = 500, retry_after: float | None = None) -> None:
@@ -63,6 +136,13 @@ class FakeSlack:
                 self.calls.append(Call(method, body, time.monotonic(), status, headers))
                 extra = {"Retry-After": str(int(retry))} if retry is not None else {}
                 return status, extra, {"ok": False, "error": "ratelimited" if status == 429 else "fatal_error"}
+            errs = message_errors(body) if method in ("chat.postMessage", "chat.update", "webhook") else []
+            if errs:
+                self.rejected.append((method, errs))
+                self.calls.append(Call(method, body, time.monotonic(), 400, headers))
+                if method == "webhook":
+                    return 400, {}, "invalid_blocks"
+                return 200, {}, {"ok": False, "error": "invalid_blocks", "errors": errs}
             self.calls.append(Call(method, body, time.monotonic(), 200, headers))
             return 200, {}, self._answer(method, body)
 
