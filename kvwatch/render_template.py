@@ -46,6 +46,10 @@ def compile_template(template: str) -> tuple[Piece, ...]:
 
 
 def _resolve(ctx: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    # rule loading checks the grammar (kvwatch.ruleset.check_template); this is the second
+    # line: a dunder or item path never reaches getattr, so no template can walk into internals
+    if any(not p or p.startswith("_") or not p.isidentifier() for p in path):
+        return Num(None)
     try:
         obj = ctx[path[0]]
         for attr in path[1:]:

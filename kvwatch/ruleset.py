@@ -15,6 +15,7 @@ Every problem is reported as ``file: rules[i] (id): key: message``, all at once.
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -224,18 +225,66 @@ class RuleSet:
         return frozenset(Signal(n) for n in names if n in Signal._value2member_map_)
 
 
-_TEMPLATE_ROOTS = SIGNAL_NAMES | set(FACTS) | {"window", "target", "cause", "for_minutes", "window_minutes"}
+#: bare template names besides the facts
+TEMPLATE_SPANS: dict[str, str] = {
+    "for_minutes": "the rule's `for` in minutes",
+    "window_minutes": "the evaluation window in minutes",
+}
+# [[fill]align][sign][z][#][0][width][grouping][.precision][type]; width/precision capped so a
+# template cannot ask for a million-character field
+_SPEC = re.compile(r"(?:.?[<>=^])?[+\- ]?z?#?0?(?P<width>\d{0,3})[,_]?(?:\.\d{1,2})?[bcdeEfFgGnosxX%]?", re.S)
+_MAX_WIDTH = 80
 
 
-def _check_template(text: str) -> str | None:
+def _check_field(field: str) -> str | None:
+    """``fact`` | ``for_minutes`` | ``signal.stat`` | ``window.signal.stat``, nothing else."""
+    if not field:
+        return "positional fields '{}' are not allowed: name a fact or signal.stat"
+    if not re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)*", field):
+        return f"field {{{field}}}: only fact, signal.stat or window.signal.stat (no attribute or item access)"
+    parts = field.split(".")
+    if parts[0] == "window" and len(parts) == 3:
+        parts = parts[1:]
+    if len(parts) == 1:
+        if parts[0] in FACTS or parts[0] in TEMPLATE_SPANS:
+            return None
+        return f"field {{{field}}}: unknown name {parts[0]!r} (expected a fact: {', '.join(sorted([*FACTS, *TEMPLATE_SPANS]))})"
+    if len(parts) == 2:
+        sig, stat = parts
+        if sig not in SIGNAL_NAMES:
+            return f"field {{{field}}}: unknown name {sig!r} (not a signal)"
+        if stat not in STATS or STATS[stat]:
+            usable = sorted(k for k, needs_arg in STATS.items() if not needs_arg)
+            return f"field {{{field}}}: {stat!r} is not a template statistic (expected one of {', '.join(usable)})"
+        return None
+    return f"field {{{field}}}: only fact, signal.stat or window.signal.stat (no attribute or item access)"
+
+
+def check_template(text: str) -> str | None:
+    """Why ``text`` is not an allowed rule template, or None.
+
+    Templates read documented statistics and facts only: no attribute or item
+    access beyond ``signal.stat`` (so ``{capacity_tokens.__init__.__globals__}``
+    is refused), no ``!r``/``!s`` conversions, no nested fields in format specs,
+    format widths at most 80.
+    """
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(text) if f]
+        parsed = list(string.Formatter().parse(text))
     except ValueError as exc:
         return f"bad template: {exc}"
-    for f in fields:
-        root = f.split(".")[0].split("[")[0]
-        if root not in _TEMPLATE_ROOTS:
-            return f"template refers to unknown name {root!r}"
+    for _lit, field, spec, conv in parsed:
+        if field is None:
+            continue
+        err = _check_field(field)
+        if err:
+            return err
+        if conv:
+            return f"field {{{field}!{conv}}}: conversions are not allowed"
+        m = _SPEC.fullmatch(spec or "")
+        if m is None or "{" in (spec or ""):
+            return f"field {{{field}:{spec}}}: invalid format spec {spec!r}"
+        if m.group("width") and int(m.group("width")) > _MAX_WIDTH:
+            return f"field {{{field}:{spec}}}: width above {_MAX_WIDTH}"
     return None
 
 
@@ -270,7 +319,7 @@ def load_rule_file(path: Path) -> tuple[Rule, ...]:
     problems = []
     for i, rule in enumerate(rf.rules):
         for key, text in [("summary", rule.summary), *((f"triage[{j}]", t) for j, t in enumerate(rule.triage))]:
-            err = _check_template(text)
+            err = check_template(text)
             if err:
                 problems.append(Problem(str(path), f"rules[{i}] ({rule.id}): {key}", err))
     if problems:
