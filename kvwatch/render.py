@@ -1,4 +1,10 @@
-"""Render an :class:`~kvwatch.models.Evaluation` as JSON or as a readable on-call table."""
+"""Render an :class:`~kvwatch.models.Evaluation` as JSON or as a readable on-call table.
+
+Text output shows label values from engines and scrape configs: every such value
+goes through :func:`~kvwatch.textsafe.printable` (a newline in a label cannot
+fake a row, an ANSI escape cannot recolour the terminal), and the target column
+is capped at :data:`TARGET_WIDTH` so one long instance does not pad every row.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,12 @@ from typing import Any
 
 from kvwatch.models import Evaluation, FailureMode, TargetResult
 from kvwatch.render_template import Num
+from kvwatch.textsafe import clip_width, printable, safe_label
+
+#: widest target column (job/instance); longer ones end in …
+TARGET_WIDTH = 60
+#: longest shown summary / triage step / warning line
+LINE_WIDTH = 1000
 
 _ICON = {
     FailureMode.FULL: "🔴",
@@ -39,7 +51,7 @@ def _state_label(r: TargetResult) -> str:
     d = r.primary
     label = r.state.value
     if d is not None and d.cause:
-        label += f" ({d.cause})"
+        label += f" ({safe_label(d.cause, 40)})"
     return label
 
 
@@ -47,7 +59,7 @@ def _key_evidence(r: TargetResult) -> str:
     d = r.primary
     if d is None:
         return ""
-    return d.summary
+    return safe_label(d.summary, LINE_WIDTH)
 
 
 def to_text(ev: Evaluation, *, color: bool = False, verbose: bool = True) -> str:
@@ -59,11 +71,13 @@ def to_text(ev: Evaluation, *, color: bool = False, verbose: bool = True) -> str
         counts[r.state.value] = counts.get(r.state.value, 0) + 1
     lines.append("  " + "  ".join(f"{_ICON[FailureMode(k)]} {k}: {v}" for k, v in counts.items()))
     lines.append("")
-    width = max([len(str(r.target.key)) for r in ev.results] + [6])
+    keys = {id(r): safe_label(str(r.target.key), TARGET_WIDTH) for r in ev.results}
+    width = max([len(k) for k in keys.values()] + [6])
     for r in ev.results:
         d = r.primary
         conf = f"{Num(d.confidence if d else None):.0%}" if d else ""
-        head = f"{_ICON[r.state]} {_state_label(r):<24} {r.target.key!s:<{width}}  {r.target.engine}/{r.target.dialect}"
+        engine = safe_label(f"{r.target.engine}/{r.target.dialect}", 40)
+        head = f"{_ICON[r.state]} {_state_label(r):<24} {keys[id(r)]:<{width}}  {engine}"
         if d and d.severity.value != "info":
             head += f"  [{d.severity.value}, confidence {conf}]"
         lines.append(head)
@@ -72,17 +86,18 @@ def to_text(ev: Evaluation, *, color: bool = False, verbose: bool = True) -> str
         if d is not None:
             lines.append(f"    why:   {_key_evidence(r)}")
             if r.state is not FailureMode.HEALTHY:
-                lines.append(f"    first: {d.triage[0]}")
+                lines.append(f"    first: {safe_label(d.triage[0], LINE_WIDTH)}")
                 for i, step in enumerate(d.triage[1:], start=2):
                     if verbose:
-                        lines.append(f"    {i}.    {step}")
+                        lines.append(f"    {i}.    {safe_label(step, LINE_WIDTH)}")
         others = [x for x in r.diagnoses if x is not d]
         if others:
-            lines.append("    also:  " + "; ".join(f"{x.mode.value} ({x.rule_id})" for x in others))
+            also = "; ".join(f"{x.mode.value} ({x.rule_id})" for x in others)
+            lines.append("    also:  " + safe_label(also, LINE_WIDTH))
         gaps = [m for m in r.missing_signals if not m.startswith("rule ")]
         if gaps and verbose:
-            lines.append(f"    blind: {', '.join(gaps)}")
+            lines.append(f"    blind: {safe_label(', '.join(gaps), LINE_WIDTH)}")
         lines.append("")
     if ev.warnings:
-        lines.append("Prometheus warnings: " + "; ".join(ev.warnings))
+        lines.append("Prometheus warnings: " + clip_width(printable("; ".join(ev.warnings)), LINE_WIDTH))
     return "\n".join(lines).rstrip() + "\n"

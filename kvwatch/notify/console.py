@@ -6,6 +6,7 @@ import logging
 
 from kvwatch.lifecycle import Event
 from kvwatch.notify.base import ThreadBook
+from kvwatch.textsafe import printable
 
 log = logging.getLogger("kvwatch.alerts")
 
@@ -15,7 +16,8 @@ def event_line(event: Event) -> str:
     first = inc.triage[0] if inc.triage else ""
     line = (f"kvwatch alert {event.kind.value} mode={inc.key.mode.value} severity={inc.severity.value} "
             f"target={inc.key.job}/{inc.key.instance} rule={inc.rule_id}: {inc.summary}")
-    return f"{line} | first: {first}" if first and event.kind.value == "fire" else line
+    out = f"{line} | first: {first}" if first and event.kind.value == "fire" else line
+    return printable(out)  # one event, one line: a newline in a label cannot forge another
 
 
 class ConsoleNotifier:
