@@ -5,7 +5,16 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from kvwatch.models import Diagnosis, Evaluation, Evidence, FailureMode, Severity, Target, TargetKey, TargetResult
+from kvwatch.models import (
+    Diagnosis,
+    Evaluation,
+    Evidence,
+    FailureMode,
+    Severity,
+    Target,
+    TargetKey,
+    TargetResult,
+)
 from kvwatch.notify.console import event_line
 from kvwatch.render import TARGET_WIDTH, to_text
 from kvwatch.textsafe import printable
