@@ -47,6 +47,10 @@ def add_common(p: argparse.ArgumentParser, *, prometheus: bool = True) -> None:
         p.add_argument("--step", metavar="DUR", help="resolution of range queries, e.g. 30s")
 
 
+def add_shard_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shard", metavar="I/N", help="evaluate only shard I of N (hashmod of job;instance), e.g. 0/2")
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """File → env → flags. Flag values are validated like config values (errors name the flag)."""
     over: dict[str, dict[str, Any]] = {}
@@ -67,6 +71,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             over.setdefault("evaluation", {})[flag] = val
     if getattr(args, "rules", None):
         over.setdefault("rules", {})["paths"] = tuple(args.rules)
+    if getattr(args, "shard", None):
+        from kvwatch.shard import parse_shard
+
+        try:
+            shard = parse_shard(args.shard)
+        except ValueError as exc:
+            raise ConfigError(f"--shard: {exc}") from None
+        over["shard"] = {"index": shard.index, "count": shard.count}
     return load_settings(args.config, overrides=over)
 
 
@@ -116,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     once = sub.add_parser("once", help="evaluate every discovered target once and print the result")
     add_common(once)
     once.add_argument("--at", metavar="RFC3339", help="evaluation instant (default: now)")
+    add_shard_flag(once)
     once.add_argument("--format", choices=("json", "text"), default="text")
     once.add_argument("--brief", action="store_true", help="text: one line per healthy target, first triage step only")
     once.add_argument("--notify", action="store_true", help="send notifications through the alert lifecycle")

@@ -140,13 +140,13 @@ def _too_large(exc: PrometheusBadResponse) -> bool:
     return "too many samples" in text or "exceeded maximum resolution" in text or "max-samples" in text
 
 
-def _instances_matcher(keys: list[TargetKey]) -> str:
+def instances_matcher(keys: list[TargetKey]) -> str:
     """``instance=~"a|b"`` for exactly these targets (regex metacharacters escaped for RE2)."""
     alternatives = "|".join(_RE2_META.sub(r"\\\g<0>", k.instance) for k in keys)
     return Matcher("instance", "=~", alternatives).render()
 
 
-def _join(*matchers: str) -> str:
+def join_matchers(*matchers: str) -> str:
     return ", ".join(m for m in matchers if m)
 
 
@@ -268,7 +268,7 @@ def collect(
         src = queries[q][0][2]
 
         def fetch_chunk(sub: list[TargetKey]) -> list[Series]:
-            matchers = _join(user_matchers, _instances_matcher(sub))
+            matchers = join_matchers(user_matchers, instances_matcher(sub))
             return fetch(src.promql(matchers, rate_window, latency_window), mode)
 
         return q, [row for chunk in _split(keys, fetch_chunk) for row in chunk]

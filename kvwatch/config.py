@@ -112,6 +112,15 @@ class ServerSettings(_Model):
     port: int = Field(9877, ge=0, le=65535)
 
 
+class ShardSettings(_Model):
+    """This replica's share of the fleet (``kvwatch/shard.py``): targets with hashmod(job;instance) % count == index."""
+
+    index: int = Field(0, ge=0)
+    count: int = Field(1, ge=1)
+    #: ``target`` hashes (job, instance) like Prometheus' hashmod; ``group`` hashes (job, model)
+    by: Literal["target", "group"] = "target"
+
+
 class LinkSettings(_Model):
     grafana_url: str = ""
     dashboard_uid: str = "kvwatch-instance"
@@ -128,6 +137,7 @@ class Settings(_Model):
     state: StateSettings = StateSettings()
     server: ServerSettings = ServerSettings()
     links: LinkSettings = LinkSettings()
+    shard: ShardSettings = ShardSettings()
 
 
 #: Environment variables with fixed names (documented contract) → key path.
@@ -261,6 +271,10 @@ def _check_semantics(s: Settings, source: str) -> None:
         parse_selector(s.discovery.selector, f"{source}: discovery.selector")
     except ConfigError as exc:
         problems.extend(exc.problems)
+    if s.shard.index >= s.shard.count:
+        problems.append(
+            Problem(source, "shard.index", f"got {s.shard.index}, expected below shard.count ({s.shard.count})")
+        )
     if not s.prometheus.url.startswith(("http://", "https://")):
         problems.append(Problem(source, "prometheus.url", f"got {s.prometheus.url!r}, expected an http(s) URL"))
     if problems:

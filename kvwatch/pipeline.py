@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from kvwatch.collect import collect
+from kvwatch.collect import collect, instances_matcher, join_matchers
 from kvwatch.config import Settings
 from kvwatch.diagnose import Params, diagnose
 from kvwatch.discover import discover
@@ -13,6 +13,7 @@ from kvwatch.models import Evaluation
 from kvwatch.promclient import QueryClient
 from kvwatch.ruleset import RuleSet
 from kvwatch.selector import parse_selector, render_matchers
+from kvwatch.shard import Shard
 
 
 def evaluate(client: QueryClient, settings: Settings, rules: RuleSet, at: datetime) -> Evaluation:
@@ -23,6 +24,11 @@ def evaluate(client: QueryClient, settings: Settings, rules: RuleSet, at: dateti
     before = getattr(stats, "queries", 0)
     warnings_before = getattr(stats, "warnings_total", 0)
     targets = discover(client, at, ev.window, matchers, settings.discovery.dialects)
+    shard = Shard(settings.shard.index, settings.shard.count, settings.shard.by)
+    collect_matchers = matchers
+    if shard.active:  # only this shard's targets, and Prometheus only evaluates their series
+        targets = shard.select(targets)
+        collect_matchers = join_matchers(matchers, instances_matcher([t.key for t in targets]))
     data = collect(
         client,
         targets,
@@ -32,7 +38,7 @@ def evaluate(client: QueryClient, settings: Settings, rules: RuleSet, at: dateti
         rate_window=format_duration(ev.rate_window),
         latency_window=format_duration(ev.latency_window),
         range_signals=rules.condition_signals(),
-        user_matchers=matchers,
+        user_matchers=collect_matchers,
         max_concurrency=settings.prometheus.max_concurrency,
     )
     params = Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo)

@@ -280,3 +280,23 @@ def test_every_source_query_parses_in_prometheus(prom_fleet: Fleet) -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:  # raises PrometheusBadResponse on a parse error
         list(pool.map(lambda q: client.instant(q, prom_fleet.at), sorted(queries)))
     assert client.stats.errors == 0 and client.stats.queries == len(queries)
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_shards_cover_the_fleet_exactly_once(prom_fleet: Fleet, count: int) -> None:
+    """N shards of the 50-target fleet: union = the fleet, no target twice, states as unsharded (by group)."""
+    def run(shard: dict[str, object]) -> dict[tuple[str, str], str]:
+        settings = load_settings(None, environ={}, overrides={
+            "discovery": {"selector": '{fleet="s50"}'}, "evaluation": {"window": "10m"}, "shard": shard})
+        ev = evaluate(PromClient(prom_fleet.url), settings, load_ruleset(), prom_fleet.at)
+        return {(r.target.key.job, r.target.key.instance): r.state.value for r in ev.results}
+
+    whole = run({})
+    assert len(whole) == 50
+    for by in ("target", "group"):
+        parts = [run({"index": i, "count": count, "by": by}) for i in range(count)]
+        keys = [k for p in parts for k in p]
+        assert len(keys) == len(set(keys)) == len(whole), f"by {by}: a target is missing or twice"
+        assert all(parts), f"by {by}: an empty shard"
+        if by == "group":  # replica groups stay whole, so every fact and state is the unsharded one
+            assert {k: v for p in parts for k, v in p.items()} == whole

@@ -264,3 +264,23 @@ def test_relabelling_with_a_real_prometheus(tmp_path: Path, engine_endpoint: int
         targets = requests.get(f"{url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
         assert [t["labels"]["pod"] for t in targets] == ["vllm-0"]
         assert targets[0]["scrapeUrl"] == f"http://127.0.0.1:{engine_endpoint}/custom-metrics"
+
+
+def test_sharded_statefulset_maps_ordinal_to_shard_index(tmp_path: Path) -> None:
+    """Each pod's ordinal is its shard index; the count equals the replicas; state per pod."""
+    sts = yaml.safe_load((K8S / "sharded" / "statefulset.yaml").read_text())
+    assert sts["kind"] == "StatefulSet" and sts["metadata"]["namespace"] == "monitoring"
+    c = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "kvwatch")
+    env = {e["name"]: e for e in c["env"]}
+    assert env["KVWATCH_SHARD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['apps.kubernetes.io/pod-index']")
+    assert int(env["KVWATCH_SHARD_COUNT"]["value"]) == sts["spec"]["replicas"]
+    assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["state"]
+    assert c["args"] == ["run", "--config", "/etc/kvwatch/config.yaml"]
+    kust = yaml.safe_load((K8S / "sharded" / "kustomization.yaml").read_text())
+    assert kust["resources"] == ["../", "statefulset.yaml"]
+    # what the pod's environment gives kvwatch for ordinal 1 of 2
+    from kvwatch.config import load_settings
+
+    s = load_settings(None, environ={"KVWATCH_SHARD_INDEX": "1", "KVWATCH_SHARD_COUNT": env["KVWATCH_SHARD_COUNT"]["value"]})
+    assert (s.shard.index, s.shard.count) == (1, 2)

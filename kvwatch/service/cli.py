@@ -13,10 +13,11 @@ log = logging.getLogger("kvwatch.service")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from kvwatch.cli import add_common
+    from kvwatch.cli import add_common, add_shard_flag
 
     p = subparsers.add_parser("run", help="run the service: scheduled evaluation, alerts, /metrics")
     add_common(p)
+    add_shard_flag(p)
     p.add_argument("--interval", metavar="DUR", help="evaluation interval, e.g. 60s")
     p.add_argument("--state", metavar="FILE", help="SQLite state file (default: state.path)")
     p.add_argument("--listen", metavar="HOST:PORT", help="address of /metrics, /healthz, /readyz")
