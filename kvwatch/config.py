@@ -32,6 +32,8 @@ class PrometheusSettings(_Model):
     headers: dict[str, SecretStr] = {}
     verify_tls: bool = True
     max_concurrency: int = Field(4, ge=1, le=32)
+    #: extra parameters sent with every query, e.g. Thanos' max_source_resolution / partial_response
+    query_params: dict[str, str] = {}
     #: link base for "open in Prometheus" buttons when the internal URL is not reachable by people
     external_url: str = ""
 

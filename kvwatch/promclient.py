@@ -169,8 +169,11 @@ class PromClient:
         retries: int = 1,
         headers: dict[str, str] | None = None,
         verify_tls: bool = True,
+        query_params: dict[str, str] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        #: sent with every query (Thanos: max_source_resolution, partial_response); ours win on a clash
+        self.query_params = dict(query_params or {})
         self.timeout_s = timeout_s
         self.stats = QueryStats()
         retry = Retry(
@@ -201,6 +204,7 @@ class PromClient:
             retries=p.retries,
             headers={k: v.get_secret_value() for k, v in p.headers.items()},
             verify_tls=p.verify_tls,
+            query_params=dict(p.query_params),
         )
 
     def close(self) -> None:
@@ -222,7 +226,7 @@ class PromClient:
         resp = self._prom._session.request(
             method="POST",
             url=f"{self.url}/api/v1/{endpoint}",
-            data=params,
+            data={**self.query_params, **params},
             headers=self._prom.headers,
             timeout=self.timeout_s,
         )

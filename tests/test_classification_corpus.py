@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.prom import backfill, prometheus
+from support.victoria import import_openmetrics, victoriametrics
 
 from kvwatch.collect import resolve
 from kvwatch.config import load_settings
@@ -26,9 +27,14 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, set[str]]:
+def corpus_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     work: Path = tmp_path_factory.mktemp("corpus")
-    doc = build_corpus(work, seeds=4)
+    return work, build_corpus(work, seeds=4)
+
+
+@pytest.fixture(scope="module")
+def corpus(corpus_files: tuple[Path, dict]) -> tuple[dict, dict, set[str]]:
+    work, doc = corpus_files
     backfill(work / "fleet.om", work / "tsdb")
     at = datetime.fromtimestamp(doc["end_unix"], tz=UTC)
     with prometheus(work / "tsdb") as url:
@@ -132,3 +138,22 @@ def test_static_threshold_baseline_is_far_worse(corpus) -> None:
     print(f"\nkvwatch macro-F1 {ours.macro_f1:.3f} vs static threshold {base.macro_f1:.3f}")
     assert fired, "the baseline fires on the pinned pools"
     assert ours.macro_f1 > base.macro_f1 + 0.4
+
+
+def test_victoriametrics_gives_the_same_states(corpus_files: tuple[Path, dict], corpus) -> None:
+    """The same samples in VictoriaMetrics: every target gets the state (and modes) Prometheus gave."""
+    work, doc = corpus_files
+    _, prom_results, _ = corpus
+    at = datetime.fromtimestamp(doc["end_unix"], tz=UTC)
+    with victoriametrics() as url:
+        assert import_openmetrics(url, work / "fleet.om") > 1_000_000
+        client = PromClient(url, timeout_s=120)
+        ev = evaluate(client, load_settings(None, environ={}), load_ruleset(), at)
+    vm = {r.target.key.instance: r for r in ev.results}
+    assert set(vm) == set(prom_results) and len(vm) >= 50
+    diffs = {k: (prom_results[k].state.value, vm[k].state.value) for k in vm
+             if vm[k].state != prom_results[k].state}
+    assert not diffs, diffs
+    modes = {k: {d.mode for d in r.diagnoses} for k, r in vm.items()}
+    assert modes == {k: {d.mode for d in r.diagnoses} for k, r in prom_results.items()}
+    assert client.stats.errors == 0

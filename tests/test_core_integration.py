@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from fixtures.core import fleet
 from support.prom import backfill, prometheus
+from support.victoria import import_openmetrics, victoriametrics
 
 from kvwatch.collect import collect
 from kvwatch.config import load_settings
@@ -300,3 +301,28 @@ def test_shards_cover_the_fleet_exactly_once(prom_fleet: Fleet, count: int) -> N
         assert all(parts), f"by {by}: an empty shard"
         if by == "group":  # replica groups stay whole, so every fact and state is the unsharded one
             assert {k: v for p in parts for k, v in p.items()} == whole
+
+
+def test_victoriametrics_gives_the_same_states(prom_fleet: Fleet, all_json: dict) -> None:
+    """The core fleet imported into VictoriaMetrics: same targets, dialects, states and missing signals."""
+    scale = fleet.scale_fleet("s5", 5) + fleet.scale_fleet("s50", 50)
+    end = prom_fleet.at.timestamp()
+    w = fleet.render(fleet.core_fleet(), end)
+    fleet.render(scale, end, span_s=900.0, w=w)
+    with victoriametrics() as url:
+        import_openmetrics(url, w.text())
+        res = run_cli("once", "--prometheus-url", url, "--at", prom_fleet.at_text, "--format", "json")
+        # prometheus.query_params reach the store: VictoriaMetrics' extra_label scopes every query
+        scoped = load_settings(None, environ={}, overrides={
+            "prometheus": {"url": url, "query_params": {"extra_label": "fleet=s5"}}, "evaluation": {"window": "10m"}})
+        ev5 = evaluate(PromClient.from_settings(scoped.prometheus), scoped, load_ruleset(), prom_fleet.at)
+    want = {(m.job, m.instance) for m in fleet.scale_fleet("s5", 5)}
+    assert {(r.target.key.job, r.target.key.instance) for r in ev5.results} == want
+    assert res.returncode == 0, res.stderr
+    vm = by_key(json.loads(res.stdout))
+    prom = by_key(all_json)
+    assert set(vm) == set(prom)
+    for key, t in prom.items():
+        got = vm[key]
+        assert (got["state"], got["dialect"], sorted(got["missing_signals"])) == (
+            t["state"], t["dialect"], sorted(t["missing_signals"])), key
