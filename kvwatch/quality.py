@@ -95,7 +95,13 @@ def static_baseline(client: QueryClient, at: datetime, threshold: float = 0.9, o
     One query per KV-usage metric name of every dialect (the baseline knows the names;
     it just has one signal and one threshold).
     """
-    fired: set[str] = set()
+    return {inst for _, inst in static_baseline_targets(client, at, threshold, over)}
+
+
+def static_baseline_targets(client: QueryClient, at: datetime, threshold: float = 0.9, over: str = "5m"
+                            ) -> set[tuple[str, str]]:
+    """(job, instance) pairs the static alert fires for at ``at`` (see :func:`static_baseline`)."""
+    fired: set[tuple[str, str]] = set()
     seen: set[str] = set()
     for d in DIALECTS:
         for src in d.sources.get(Signal.KV_USAGE, ()):
@@ -103,6 +109,7 @@ def static_baseline(client: QueryClient, at: datetime, threshold: float = 0.9, o
             if sel in seen:
                 continue
             seen.add(sel)
-            q = f"max by (instance) (min_over_time({sel}[{over}])) > {threshold}"
-            fired |= {row["metric"]["instance"] for row in client.instant(q, at) if "instance" in row.get("metric", {})}
+            q = f"max by (job, instance) (min_over_time({sel}[{over}])) > {threshold}"
+            fired |= {(row["metric"].get("job", ""), row["metric"]["instance"]) for row in client.instant(q, at)
+                      if "instance" in row.get("metric", {})}
     return fired

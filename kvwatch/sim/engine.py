@@ -23,7 +23,17 @@ import numpy as np
 from kvwatch.sim.buckets import E2E, GEN_TOKENS, ITL, PROMPT_TOKENS, QUEUE, TPOT_REQ, TTFT, HistBank
 from kvwatch.sim.engine_config import EngineConfig
 from kvwatch.sim.requests import DECODE, PREFILL, WAIT, ArrivalPool, Req, Shape, share_prefill
-from kvwatch.sim.trace import COUNTERS, GAUGES, EngineView, Recorder
+from kvwatch.sim.trace import (
+    BLOCKED_KV,
+    BLOCKED_NONE,
+    BLOCKED_POLICY,
+    BLOCKED_SLOTS,
+    BLOCKED_STALLED,
+    COUNTERS,
+    GAUGES,
+    EngineView,
+    Recorder,
+)
 from kvwatch.sim.workload import Workload
 
 (_PREEMPT, _PROMPT, _GEN, _PQ, _PH, _STOP, _LENGTH, _ABORT, _ARRIVED, _ITER, _QUS,
@@ -60,7 +70,9 @@ class Engine:
         self._pre_blocks = 0
         self._reserved = 0  # Σ reservations of running requests (reserve_max_output)
         self._alloc = 0.0  # blocks counted against admission
+        self._used = 0.0  # blocks holding KV (last accounting plus admissions since)
         self._paused = 0
+        self._blocked = BLOCKED_NONE  # why the last admission pass stopped (trace.BLOCKED_*)
 
     # --- control ---------------------------------------------------------------------
     def reconfigure(self, config: EngineConfig | None = None,
@@ -84,7 +96,7 @@ class Engine:
             self._leave(req)
         self.fresh.clear()
         self.resumed.clear()
-        self._paused, self._alloc = 0, 0.0
+        self._paused, self._alloc, self._used = 0, 0.0, 0.0
         self.c = [0.0] * len(COUNTERS)
         self.hist.reset()
 
@@ -118,10 +130,12 @@ class Engine:
             # slots and blocks freed during the step are refilled by the next iteration
             used += self._admit(t + cfg.dt)
         waiting = len(self.fresh) + len(self.resumed)
+        blocked = BLOCKED_STALLED if cfg.stalled and waiting else (self._blocked if waiting
+                                                                   else BLOCKED_NONE)
         self.g = [used / cfg.num_blocks, self._alloc / cfg.num_blocks, used, self._alloc,
                   len(self.running), waiting, self._paused, len(self.prefilling), self._n_dec,
                   work[0], work[1] / cfg.dt, work[2] / cfg.dt, work[3], cfg.num_blocks,
-                  cfg.max_num_seqs]  # in the order of trace.GAUGES
+                  cfg.max_num_seqs, blocked]  # in the order of trace.GAUGES
         if self.recorder is not None:
             self.recorder.append(t, self.g, c, ttft_events)
         self.t = t + cfg.dt
@@ -154,12 +168,14 @@ class Engine:
         bs, reserve_mode = cfg.block_size, cfg.reserve_max_output
         fresh, resumed = self.fresh, self.resumed
         allocated = 0
+        self._blocked = BLOCKED_SLOTS if slots <= 0 else BLOCKED_NONE
         while slots > 0 and (resumed or fresh):
             if resumed:
                 req = resumed[0]
                 blocks = -(-(req.prompt + req.gen) // bs)
                 need = req.reserve if reserve_mode else blocks
                 if need > avail:
+                    self._blocked = self._why(blocks)
                     break  # FCFS: the head does not fit, nothing behind it is admitted
                 resumed.popleft()
                 self._paused -= 1
@@ -171,6 +187,7 @@ class Engine:
                 blocks = -(-shape[1] // bs)
                 need = shape[5] if reserve_mode else blocks
                 if need > avail:
+                    self._blocked = self._why(blocks)
                     break
                 fresh.popleft()
                 req = Req(shape, self._seq + 1, t, blocks)
@@ -179,13 +196,26 @@ class Engine:
             avail -= need
             slots -= 1
             allocated += blocks
+            self._used += blocks
             self._alloc += need
             self._reserved += req.reserve
             self._seq += 1
             running[self._seq] = req
             self.prefilling.append(req)
             self._pre_blocks += blocks
+        else:
+            if (resumed or fresh) and slots <= 0:
+                self._blocked = BLOCKED_SLOTS
         return allocated
+
+    def _why(self, blocks: int) -> int:
+        """Reason the queue head needing ``blocks`` KV blocks was refused: the blocks are
+        taken (KV), or plenty are free but the policy (reservation for the maximum output,
+        watermark) holds them back."""
+        free = self.cfg.num_blocks - self._used
+        # a watermark of a few blocks on a pool that is full anyway is not a policy stall:
+        # the policy binds when a tenth of the pool would still be free after admitting
+        return BLOCKED_POLICY if free - blocks >= 0.1 * self.cfg.num_blocks else BLOCKED_KV
 
     def _compute(self, t: float, ttft_events: list[tuple[float, float]] | None
                  ) -> tuple[float, float, float, float]:
@@ -333,6 +363,7 @@ class Engine:
             used += self._sum_q + n_dec * q + extra
         if cfg.reserve_max_output:  # reservations (prompt + max_tokens) bound the growth
             self._alloc = float(self._reserved)
+            self._used = float(used)
             return float(used)
         if used > cfg.num_blocks:
             for seq in reversed(list(self.running)):
@@ -343,7 +374,7 @@ class Engine:
                          else -(-(req.x + self._clock) // bs))
                 self._evict(req)
                 self.c[_PREEMPT] += 1
-        self._alloc = float(used)
+        self._alloc = self._used = float(used)
         return float(used)
 
 

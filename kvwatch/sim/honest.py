@@ -1,0 +1,121 @@
+"""Honest scoring of verdicts against mechanism labels: every target counts.
+
+A verdict is compared with the label of :mod:`kvwatch.sim.mechanism` for every target of
+every variant. ``unknown`` is a miss, except where the target cannot export what decides
+its label: :data:`DECIDING` states, per label, the signals without which no engine-neutral
+rule could decide it (``any`` of a group suffices); a target lacking all of a group (its
+dialect never exports them, or the variant dropped them, see
+:func:`kvwatch.sim.perturb.lacking`) may answer ``unknown`` and is then counted apart as an
+*abstention*, not scored. Any other answer of an exempt target is scored like the rest.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kvwatch.quality import Report, score
+from kvwatch.sim.perturb import Variant, lacking
+from kvwatch.sim.vocab import Dialect
+
+#: label -> groups of signals; each group needs at least one of its signals to decide
+DECIDING: dict[str, tuple[frozenset[str], ...]] = {
+    "healthy": (frozenset({"kv_usage"}),),
+    "full": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"})),
+    "oscillating": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"})),
+    "fragmented": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"}),
+                   frozenset({"running", "token_counters", "request_counters"})),
+    "misread": (frozenset({"ttft"}),),
+    "idle/low_demand": (frozenset({"kv_usage"}),),
+    "idle/batch_limited": (frozenset({"kv_usage"}), frozenset({"waiting"}), frozenset({"running"})),
+    "idle/stalled": (frozenset({"waiting"}), frozenset({"running", "token_counters", "request_counters"})),
+    "idle/compute_bound": (frozenset({"kv_usage"}), frozenset({"ttft"})),
+}
+
+
+def label_key(mode: str, cause: str | None) -> str:
+    return f"{mode}/{cause}" if mode == "idle" and cause else mode
+
+
+def blind_to(label: str, missing: frozenset[str]) -> frozenset[str]:
+    """The deciding groups of ``label`` that ``missing`` empties (as their signal names)."""
+    return frozenset(s for g in DECIDING[label] if g <= missing for s in g)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One scored target of one variant."""
+
+    variant: str
+    instance: str
+    dialect: str
+    expected: str  # label key: mode or idle/cause
+    got: str  # state, idle/cause for idle; "unknown", "missing"
+    exempt: frozenset[str]
+    persistent_queue: bool
+    rule: str = ""
+
+    @property
+    def abstained(self) -> bool:
+        return bool(self.exempt) and self.got == "unknown"
+
+    @property
+    def mode_pair(self) -> tuple[str, str]:
+        return self.expected.split("/")[0], self.got.split("/")[0]
+
+
+@dataclass
+class HonestReport:
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    def scored(self, variant: str | None = None) -> list[Verdict]:
+        return [v for v in self.verdicts if not v.abstained and (variant is None or v.variant == variant)]
+
+    def modes(self, variant: str | None = None) -> Report:
+        """Six modes (idle sub-causes folded)."""
+        return score(v.mode_pair for v in self.scored(variant))
+
+    def causes(self, variant: str | None = None) -> Counter[tuple[str, str]]:
+        """(expected idle/cause, got) counts for idle targets."""
+        return Counter((v.expected, v.got) for v in self.scored(variant) if v.expected.startswith("idle"))
+
+    def healthy_flagged(self, variant: str | None = None) -> list[Verdict]:
+        return [v for v in self.scored(variant) if v.expected == "healthy" and v.got != "healthy"]
+
+    def queue_called_healthy(self, variant: str | None = None) -> list[Verdict]:
+        return [v for v in self.verdicts if (variant is None or v.variant == variant)
+                and v.persistent_queue and v.got == "healthy"]
+
+    def failure_called_healthy(self, variant: str | None = None) -> list[Verdict]:
+        return [v for v in self.verdicts if (variant is None or v.variant == variant)
+                and v.expected != "healthy" and v.got == "healthy"]
+
+    def abstentions(self, variant: str | None = None) -> list[Verdict]:
+        return [v for v in self.verdicts if v.abstained and (variant is None or v.variant == variant)]
+
+    def misses(self) -> list[Verdict]:
+        return [v for v in self.scored() if v.expected != v.got]
+
+
+def got_key(state: str, cause: str | None) -> str:
+    return label_key(state, cause)
+
+
+def score_corpus(manifest: Mapping[str, object], results: Mapping[tuple[str, str], tuple[str, str | None, str]],
+                 variants: Iterable[Variant]) -> HonestReport:
+    """Score ``results`` ((job, instance) -> (state, idle cause, rule id)) of every variant
+    written in ``manifest`` (see :func:`kvwatch.sim.randomized.build`)."""
+    targets = {t["instance"]: t for t in manifest["targets"]}  # type: ignore[index, union-attr]
+    by_name = {v.name: v for v in variants}
+    rep = HonestReport()
+    for vdoc in manifest["variants"]:  # type: ignore[union-attr]
+        variant = by_name[vdoc["name"]]
+        for inst in vdoc["instances"]:
+            t = targets[inst]
+            expected = label_key(t["expected"], t["cause"])
+            missing = lacking(Dialect(t["dialect"]), variant)
+            state, cause, rule = results.get((vdoc["job"], inst), ("missing", None, ""))
+            rep.verdicts.append(Verdict(variant.name, inst, t["dialect"], expected, got_key(state, cause),
+                                        blind_to(expected, missing), bool(t["persistent_queue"]), rule))
+    return rep
