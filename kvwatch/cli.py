@@ -16,7 +16,7 @@ from typing import Any
 
 from kvwatch import __version__
 from kvwatch.config import Settings, load_settings
-from kvwatch.durations import parse_duration, parse_time
+from kvwatch.durations import parse_time
 from kvwatch.errors import ConfigError, KvwatchError, PrometheusError
 
 EXIT_OK, EXIT_USAGE, EXIT_PROMETHEUS = 0, 2, 3
@@ -51,24 +51,30 @@ def add_shard_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard", metavar="I/N", help="evaluate only shard I of N (hashmod of job;instance), e.g. 0/2")
 
 
+#: flags that set a config key: (argparse dest, section.key, flag); commands define the ones they take
+FLAG_KEYS = (
+    ("prometheus_url", "prometheus.url", "--prometheus-url"),
+    ("selector", "discovery.selector", "--selector"),
+    ("window", "evaluation.window", "--window"),
+    ("step", "evaluation.step", "--step"),
+    ("interval", "evaluation.interval", "--interval"),
+)
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """File → env → flags. Flag values are validated like config values (errors name the flag)."""
+    """File → env → flags, through one validator (errors name the flag, the variable or the file key)."""
     over: dict[str, dict[str, Any]] = {}
-    if getattr(args, "prometheus_url", None):
-        over.setdefault("prometheus", {})["url"] = args.prometheus_url
+    flags: dict[str, str] = {}
     if getattr(args, "selector", None) is not None:
         from kvwatch.selector import parse_selector
 
         parse_selector(args.selector, "--selector")  # a bad flag is named as the flag, not as a file key
-        over.setdefault("discovery", {})["selector"] = args.selector
-    for flag in ("window", "step"):
-        val = getattr(args, flag, None)
-        if val is not None:
-            try:
-                parse_duration(val)
-            except ValueError as exc:
-                raise ConfigError(f"--{flag}: {exc}") from None
-            over.setdefault("evaluation", {})[flag] = val
+    for dest, key, flag in FLAG_KEYS:
+        val = getattr(args, dest, None)
+        if val is not None and (val != "" or dest == "selector"):
+            section, name = key.split(".")
+            over.setdefault(section, {})[name] = val
+            flags[key] = flag
     if getattr(args, "rules", None):
         over.setdefault("rules", {})["paths"] = tuple(args.rules)
     if getattr(args, "shard", None):
@@ -79,7 +85,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         except ValueError as exc:
             raise ConfigError(f"--shard: {exc}") from None
         over["shard"] = {"index": shard.index, "count": shard.count}
-    return load_settings(args.config, overrides=over)
+    settings = load_settings(args.config, overrides=over, flags=flags)
+    from kvwatch.redact import install
+
+    install(settings)  # before any client logs: secrets masked on every log handler from here on
+    return settings
 
 
 def parse_at(text: str | None) -> datetime:

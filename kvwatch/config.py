@@ -7,6 +7,7 @@ URL, Prometheus headers) are ``SecretStr`` and never appear in logs or reprs.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,8 +16,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
 
-from kvwatch.durations import parse_duration
+from kvwatch.durations import format_duration, parse_duration
 from kvwatch.errors import ConfigError, Problem
+
+#: points per series Prometheus returns from one range query at most (it refuses more)
+MAX_POINTS = 11_000
 
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
@@ -26,11 +30,18 @@ class _Model(BaseModel):
 
 
 class PrometheusSettings(_Model):
+    #: Prometheus base URL; `user:password@` in it is sent as basic auth and never shown
     url: str = "http://localhost:9090"
     timeout: Duration = 10.0
     retries: int = Field(1, ge=0, le=5)
     headers: dict[str, SecretStr] = {}
     verify_tls: bool = True
+    #: PEM bundle of the CA(s) that sign Prometheus' certificate (instead of the system store)
+    ca_file: str = ""
+    #: client certificate (PEM) for mutual TLS (Prometheus / Thanos behind an mTLS proxy)
+    cert_file: str = ""
+    #: private key of the client certificate, when not in cert_file
+    key_file: str = ""
     max_concurrency: int = Field(4, ge=1, le=32)
     #: extra parameters sent with every query, e.g. Thanos' max_source_resolution / partial_response
     query_params: dict[str, str] = {}
@@ -206,8 +217,14 @@ def read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(Problem(str(path), "", f"cannot read: {exc.strerror}")) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(Problem(str(path), f"byte {exc.start}", "not UTF-8 text")) from None
     try:
         doc = yaml.safe_load(text)
+    except (ValueError, TypeError, RecursionError) as exc:
+        # PyYAML builds timestamps and numbers itself: `until: 2026-13-45` raises ValueError
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(Problem(str(path), "", f"invalid YAML value: {detail}")) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -225,8 +242,14 @@ def load_settings(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> Settings:
-    """Build :class:`Settings` from file → env → overrides (CLI flags). Raises ConfigError."""
+    """Build :class:`Settings` from file → env → overrides (CLI flags). Raises ConfigError.
+
+    One validator for all three sources: every problem (type or semantic) is
+    attributed to where its value came from, the file, ``environment``, or the flag
+    named in ``flags`` (``{"evaluation.window": "--window"}``).
+    """
     environ = os.environ if environ is None else environ
     data: dict[str, Any] = {}
     source = "defaults"
@@ -234,19 +257,25 @@ def load_settings(
         source = str(path)
         data = read_yaml(Path(path))
     env = _env_overrides(environ)
-    merged = _deep_merge(_deep_merge(data, env), overrides or {})
+    over = overrides or {}
+    merged = _deep_merge(_deep_merge(data, env), over)
+    origins: dict[tuple[str, ...], str] = {(s, k): "environment" for s, sub in env.items() for k in sub}
+    for s, sub in over.items():
+        for k in sub if isinstance(sub, Mapping) else ():
+            origins[(s, k)] = (flags or {}).get(f"{s}.{k}", "flags")
+
+    def attribute(p: Problem) -> Problem:
+        origin = origins.get(tuple(p.location.split(".")[:2]))
+        return Problem(origin, p.location, p.message) if origin else p
+
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as exc:
-        env_keys = {(s, k) for s, sub in env.items() for k in sub}
-        problems = []
-        for p in _problems(source, exc):
-            parts = tuple(p.location.split(".")[:2])
-            if parts in env_keys:
-                p = Problem("environment", p.location, p.message)
-            problems.append(p)
-        raise ConfigError(problems) from None
-    _check_semantics(settings, source)
+        raise ConfigError([attribute(p) for p in _problems(source, exc)]) from None
+    try:
+        _check_semantics(settings, source)
+    except ConfigError as exc:
+        raise ConfigError([attribute(p) for p in exc.problems]) from None
     return settings
 
 
@@ -256,6 +285,15 @@ def _check_semantics(s: Settings, source: str) -> None:
 
     problems: list[Problem] = []
     ev = s.evaluation
+    if ev.interval <= 0:
+        problems.append(Problem(source, "evaluation.interval", f"got {ev.interval:g}s, expected > 0"))
+    points = ev.window / ev.step + 1 if ev.step > 0 else 0
+    if points > MAX_POINTS:
+        problems.append(Problem(
+            source, "evaluation.step",
+            f"window {format_duration(ev.window)} at step {format_duration(ev.step)} is {points:,.0f} points per "
+            f"series; Prometheus answers at most {MAX_POINTS:,}: use a step of at least "
+            f"{format_duration(math.ceil(ev.window / (MAX_POINTS - 1)))} or a shorter window"))
     if ev.step <= 0:
         problems.append(Problem(source, "evaluation.step", f"got {ev.step:g}s, expected > 0"))
     elif ev.window < 4 * ev.step:
@@ -279,5 +317,12 @@ def _check_semantics(s: Settings, source: str) -> None:
         )
     if not s.prometheus.url.startswith(("http://", "https://")):
         problems.append(Problem(source, "prometheus.url", f"got {s.prometheus.url!r}, expected an http(s) URL"))
+    p = s.prometheus
+    for key in ("ca_file", "cert_file", "key_file"):
+        path = getattr(p, key)
+        if path and not os.access(path, os.R_OK):
+            problems.append(Problem(source, f"prometheus.{key}", f"cannot read {path!r}"))
+    if p.key_file and not p.cert_file:
+        problems.append(Problem(source, "prometheus.key_file", "set, but prometheus.cert_file is not"))
     if problems:
         raise ConfigError(problems)

@@ -23,8 +23,10 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
+        from kvwatch.redact import scrub  # errors is imported by everything; keep the import local
+
         where = f"{self.source}: {self.location}" if self.location else self.source
-        return f"{where}: {self.message}"
+        return scrub(f"{where}: {self.message}")
 
 
 class ConfigError(KvwatchError):
@@ -47,9 +49,11 @@ class PrometheusError(KvwatchError):
     """Prometheus could not answer: the message always names the URL."""
 
     def __init__(self, url: str, detail: str) -> None:
-        self.url = url
-        self.detail = detail
-        super().__init__(f"Prometheus at {url}: {detail}")
+        from kvwatch.redact import scrub
+
+        self.url = scrub(url)
+        self.detail = scrub(detail)
+        super().__init__(f"Prometheus at {self.url}: {self.detail}")
 
 
 class PrometheusUnreachable(PrometheusError):

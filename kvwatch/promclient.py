@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pandas as pd
 import requests
+import urllib3
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-from urllib3.exceptions import ReadTimeoutError
+from urllib3.exceptions import InsecureRequestWarning, ReadTimeoutError
 from urllib3.util.retry import Retry
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ from kvwatch.errors import (
     PrometheusTimeout,
     PrometheusUnreachable,
 )
+from kvwatch.redact import basic_auth, register, split_userinfo
 
 #: {"metric": {labels}, "value": [ts, "v"]} (instant) or {"metric": {labels}, "values": points} (range),
 #: where points are [[ts, "v"], ...] or, from :func:`decode_matrix`, an (n, 2) float ndarray
@@ -170,8 +172,17 @@ class PromClient:
         headers: dict[str, str] | None = None,
         verify_tls: bool = True,
         query_params: dict[str, str] | None = None,
+        ca_file: str = "",
+        cert_file: str = "",
+        key_file: str = "",
     ) -> None:
-        self.url = url.rstrip("/")
+        # credentials in the URL travel as a Basic Authorization header, never in a shown URL
+        clean, cred = split_userinfo(url)
+        self.url = clean.rstrip("/")
+        headers = dict(headers or {})
+        if cred and not any(k.lower() == "authorization" for k in headers):
+            headers["Authorization"] = basic_auth(*cred)
+        register([*headers.values(), cred[1] if cred else None])  # the user name is not a secret
         #: sent with every query (Thanos: max_source_resolution, partial_response); ours win on a clash
         self.query_params = dict(query_params or {})
         self.timeout_s = timeout_s
@@ -186,13 +197,19 @@ class PromClient:
             raise_on_status=False,
         )
         session = requests.Session()
-        session.verify = verify_tls
+        # passed on every request: a session-level `verify` loses to REQUESTS_CA_BUNDLE /
+        # CURL_CA_BUNDLE in the environment, which made `verify_tls: false` a no-op
+        self._verify: bool | str = (ca_file or True) if verify_tls else False
+        self._cert: str | tuple[str, str] | None = (cert_file, key_file) if key_file else cert_file or None
+        session.verify = self._verify
+        if not verify_tls:
+            urllib3.disable_warnings(InsecureRequestWarning)  # chosen in config; one warning per query is noise
         try:
             self._prom = PrometheusConnect(
-                url=self.url, headers=headers or {}, retry=retry, session=session, timeout=timeout_s
+                url=self.url, headers=headers, retry=retry, session=session, timeout=timeout_s
             )
         except (TypeError, ValueError) as exc:
-            raise PrometheusUnreachable(url, f"invalid URL: {exc}") from None
+            raise PrometheusUnreachable(self.url, f"invalid URL: {exc}") from None
         self._session = session
 
     @classmethod
@@ -205,6 +222,9 @@ class PromClient:
             headers={k: v.get_secret_value() for k, v in p.headers.items()},
             verify_tls=p.verify_tls,
             query_params=dict(p.query_params),
+            ca_file=p.ca_file,
+            cert_file=p.cert_file,
+            key_file=p.key_file,
         )
 
     def close(self) -> None:
@@ -229,6 +249,8 @@ class PromClient:
             data={**self.query_params, **params},
             headers=self._prom.headers,
             timeout=self.timeout_s,
+            verify=self._verify,
+            cert=self._cert,
         )
         body = resp.content
         http_s = time.perf_counter() - t0

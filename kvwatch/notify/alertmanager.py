@@ -21,6 +21,8 @@ import requests
 from kvwatch.config import Settings
 from kvwatch.lifecycle import Incident, IncidentState
 from kvwatch.notify.links import grafana_url, prometheus_url
+from kvwatch.redact import basic_auth, scrub, split_userinfo
+from kvwatch.textsafe import printable
 
 log = logging.getLogger("kvwatch.notify.alertmanager")
 
@@ -40,13 +42,15 @@ def to_alert(settings: Settings, inc: Incident, now: float) -> dict[str, Any]:
     """One Alertmanager v2 ``postableAlert``."""
     labels = inc.label_map
     out_labels = {"alertname": alertname(inc), "mode": inc.key.mode.value, "severity": inc.severity.value}
+    # label values come from engines: control characters escaped (deterministically, so
+    # replicas still post identical label sets and Alertmanager deduplicates them)
     for k in ("job", "instance", "model", "engine"):
         if labels.get(k):
-            out_labels[k] = labels[k]
+            out_labels[k] = printable(labels[k])
     annotations = {
-        "summary": inc.summary,
-        "triage": "\n".join(f"{i}. {s}" for i, s in enumerate(inc.triage, start=1)),
-        "rule": inc.rule_id,
+        "summary": printable(inc.summary),
+        "triage": "\n".join(f"{i}. {printable(s)}" for i, s in enumerate(inc.triage, start=1)),
+        "rule": printable(inc.rule_id),
         "confidence": f"{inc.confidence:.2f}",
     }
     dash = grafana_url(settings, inc, now)
@@ -96,14 +100,17 @@ class AlertmanagerSink:
         results = []
         if not alerts:
             return results
-        for base in self.settings.alertmanager.urls:
+        for configured in self.settings.alertmanager.urls:
+            base, cred = split_userinfo(configured)  # shown in logs and results: without credentials
             url = base.rstrip("/") + "/api/v2/alerts"
+            headers = {"Authorization": basic_auth(*cred)} if cred else None
             try:
-                resp = self.session.post(url, json=alerts, timeout=self.settings.alertmanager.timeout)
+                resp = self.session.post(url, json=alerts, timeout=self.settings.alertmanager.timeout, headers=headers)
                 if resp.status_code >= 300:
                     raise requests.HTTPError(f"HTTP {resp.status_code}: {resp.text[:200]}")
                 results.append(PostResult(base, len(alerts), True))
             except requests.RequestException as exc:
-                log.warning("kvwatch: Alertmanager at %s: %s", base, exc)
-                results.append(PostResult(base, len(alerts), False, str(exc)))
+                error = scrub(str(exc))
+                log.warning("kvwatch: Alertmanager at %s: %s", base, error)
+                results.append(PostResult(base, len(alerts), False, error))
         return results

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from kvwatch.lifecycle import Event
+from kvwatch.redact import scrub
 from kvwatch.state import ThreadRef
 
 
@@ -13,9 +14,9 @@ class DeliveryError(Exception):
 
     def __init__(self, sink: str, detail: str, retry_after: float | None = None) -> None:
         self.sink = sink
-        self.detail = detail
+        self.detail = scrub(detail)  # library errors may quote the webhook URL or a token
         self.retry_after = retry_after
-        super().__init__(f"{sink}: {detail}")
+        super().__init__(f"{sink}: {self.detail}")
 
 
 class ThreadBook(Protocol):

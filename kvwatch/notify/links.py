@@ -8,6 +8,7 @@ from kvwatch.config import Settings
 from kvwatch.dialects import DIALECT_BY_ID
 from kvwatch.durations import format_duration
 from kvwatch.lifecycle import Incident
+from kvwatch.redact import clean_url
 from kvwatch.selector import target_matchers
 from kvwatch.signals import Signal
 
@@ -29,7 +30,7 @@ def kv_usage_query(incident: Incident, rate_window: str = "2m") -> str:
 
 def grafana_url(settings: Settings, incident: Incident, now: float) -> str:
     """``{grafana}/d/{uid}?var-instance=…&from=…&to=…`` (ms), or "" when no Grafana is configured."""
-    base = settings.links.grafana_url.rstrip("/")
+    base = clean_url(settings.links.grafana_url).rstrip("/")
     if not base:
         return ""
     labels = incident.label_map
@@ -48,7 +49,8 @@ def grafana_url(settings: Settings, incident: Incident, now: float) -> str:
 
 def prometheus_url(settings: Settings, incident: Incident, now: float) -> str:
     """The Prometheus graph page of the KV usage query over the incident."""
-    base = (settings.prometheus.external_url or settings.prometheus.url).rstrip("/")
+    # people open this link: never with the service's credentials in it
+    base = clean_url(settings.prometheus.external_url or settings.prometheus.url).rstrip("/")
     end = incident.resolved_at or now
     span = max(end - incident.started_at + MARGIN_S, 3600.0)
     query = urlencode(

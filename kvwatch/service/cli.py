@@ -30,18 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
 def _load(args: argparse.Namespace) -> tuple[Settings, RuleSet]:
     """Config file → env → common flags → the flags of ``run`` (validated, errors name the flag)."""
     from kvwatch.cli import settings_from_args
-    from kvwatch.durations import parse_duration
     from kvwatch.errors import ConfigError
 
-    s = settings_from_args(args)
-    if args.interval:
-        try:
-            interval = parse_duration(args.interval)
-        except ValueError as exc:
-            raise ConfigError(f"--interval: {exc}") from None
-        if interval <= 0:
-            raise ConfigError(f"--interval: got {args.interval!r}, expected > 0")
-        s = s.model_copy(update={"evaluation": s.evaluation.model_copy(update={"interval": interval})})
+    s = settings_from_args(args)  # --interval included: validated like the file key
     if args.state:
         s = s.model_copy(update={"state": s.state.model_copy(update={"path": args.state})})
     if args.listen:
