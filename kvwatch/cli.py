@@ -122,6 +122,31 @@ def _cmd_once(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_explain(args: argparse.Namespace) -> int:
+    import json
+
+    from kvwatch.explain import explain_json, explain_text
+    from kvwatch.pipeline import evaluate
+    from kvwatch.promclient import PromClient
+    from kvwatch.render import _finite
+    from kvwatch.ruleset import load_ruleset
+
+    settings = settings_from_args(args)
+    rules = load_ruleset(settings.rules.paths)
+    client = PromClient.from_settings(settings.prometheus)
+    evaluation = evaluate(client, settings, rules, parse_at(args.at), explain=args.target)
+    chosen = [r for r in evaluation.results if r.checks and r.checks[0].conditions]
+    if not chosen:
+        known = ", ".join(str(r.target.key) for r in evaluation.results[:10]) or "none"
+        raise ConfigError(f"explain: no discovered target matches {args.target!r} (targets: {known})")
+    if args.format == "json":
+        doc = [explain_json(r) for r in chosen]
+        sys.stdout.write(json.dumps(_finite(doc), indent=2, allow_nan=False, default=str) + "\n")
+    else:
+        sys.stdout.write("\n".join(explain_text(r, evaluation) for r in chosen))
+    return EXIT_OK
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     from kvwatch.ruleset import load_ruleset
 
@@ -143,6 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     once.add_argument("--brief", action="store_true", help="text: one line per healthy target, first triage step only")
     once.add_argument("--notify", action="store_true", help="send notifications through the alert lifecycle")
     once.set_defaults(func=_cmd_once)
+    explain = sub.add_parser(
+        "explain", help="every rule and condition for one target: observed, threshold, outcome, near misses"
+    )
+    explain.add_argument("target", metavar="TARGET", help="job/instance or instance (or a part of one)")
+    add_common(explain)
+    explain.add_argument("--at", metavar="RFC3339", help="evaluation instant (default: now)")
+    explain.add_argument("--format", choices=("json", "text"), default="text")
+    explain.set_defaults(func=_cmd_explain)
     check = sub.add_parser("check", help="validate config and rules; exit 0 or 2")
     add_common(check, prometheus=False)
     check.set_defaults(func=_cmd_check)

@@ -22,17 +22,21 @@ from kvwatch.features import SeriesStats, safe_ratio
 from kvwatch.fleetdata import FleetData
 from kvwatch.fleetstats import VECTOR_STATS, FleetStats
 from kvwatch.models import (
+    Condition,
     Diagnosis,
     Evidence,
     FailureMode,
+    RuleCheck,
     Severity,
     Target,
     TargetKey,
     TargetResult,
+    Verdict,
 )
 from kvwatch.render_template import Num, render
-from kvwatch.ruleset import SIGNAL_NAMES, Group, Leaf, Rule, RuleSet
+from kvwatch.ruleset import DERIVED_INPUTS, SIGNAL_NAMES, Group, Leaf, Rule, RuleSet
 from kvwatch.signals import REQUIRED_SIGNALS, Signal
+from kvwatch.verdicts import StateDecision, decide, mode_verdicts
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
 
@@ -184,22 +188,45 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
     }
 
 
-class _Eval:
-    """Evaluates one rule's condition tree for one target, collecting evidence."""
+#: latency signals: with no request finished in the span they have no samples, and a
+#: "latency is high" condition is then decided false (nobody waited), not undecidable
+LATENCY_SIGNALS = frozenset(
+    {"ttft_p50", "ttft_p99", "ttft_mean", "queue_p99", "queue_mean", "itl_p99", "ttft_tail_ratio"}
+)
 
-    def __init__(self, view: TargetView, rule: Rule, facts: dict[str, float | None]) -> None:
+
+class _Eval:
+    """Evaluates one rule's condition tree for one target, collecting evidence.
+
+    Three-valued (Kleene) logic: a condition whose statistic cannot be computed is
+    unknown. ``points`` records whether a non-guard condition was met (the known evidence
+    points to the rule). With ``explain`` every condition is evaluated (no short-circuit)
+    and recorded.
+    """
+
+    def __init__(self, view: TargetView, rule: Rule, facts: dict[str, float | None], explain: bool = False) -> None:
         self.view, self.rule, self.facts = view, rule, facts
         self.evidence: list[Evidence] = []
         self.margins: list[float] = []
         self.unknown: set[str] = set()
+        self.points = False
+        self.explain = explain
+        self.conditions: list[Condition] = []
+        self.parts: list[bool | None] = []
 
     def span(self, leaf: Leaf) -> float:
         return self.view.p.window_s if leaf.over == "window" else min(self.rule.for_, self.view.p.window_s)
 
-    def leaf(self, leaf: Leaf, negated: bool = False) -> bool | None:
+    def _no_requests(self, span: float) -> bool:
+        """True when the target is known to have finished no request in the span."""
+        top = self.view.stat("request_rate", span, "max")
+        return top is not None and top <= 0.0
+
+    def leaf(self, leaf: Leaf, negated: bool = False, path: str = "") -> bool | None:
         thr = leaf.threshold(self.facts)
         if leaf.fact is not None:
             obs, name, stat, window = self.facts.get(leaf.fact), leaf.fact, "value", "now"
+            span = 0.0
         else:
             assert leaf.signal is not None
             span = self.span(leaf)
@@ -207,10 +234,17 @@ class _Eval:
             name, window = leaf.signal, _fmt_span(span)
             stat = leaf.stat if leaf.arg is None else f"{leaf.stat}({leaf.arg:g})"
         if obs is None or thr is None or not math.isfinite(obs):
+            note = ""
             if leaf.missing != "unknown":
-                return leaf.missing == "true"
-            self.unknown.add(name)
-            return None
+                result: bool | None = leaf.missing == "true"
+                note = f"no data, counts as {leaf.missing}"
+            elif name in LATENCY_SIGNALS and leaf.op in (">", ">=") and self._no_requests(span):
+                result, note = False, "no request finished: no latency to be high"
+            else:
+                self.unknown.add(name)
+                result = None
+            self._record(path, name, stat, window, leaf, thr, None, result, negated, note)
+            return result
         ok = bool(_OPS[leaf.op](obs, thr))
         # under `not`, a leaf that fails is what supports the diagnosis
         supports = ok != negated
@@ -218,23 +252,43 @@ class _Eval:
         self.evidence.append(Evidence(name, stat, obs, op, thr, window, supports))
         if supports:
             self.margins.append(min(1.0, abs(obs - thr) / max(abs(thr), 0.05)))
+            if not negated and not leaf.guard:
+                self.points = True
+        self._record(path, name, stat, window, leaf, thr, obs, ok, negated, "")
         return ok
 
-    def node(self, n: Group | Leaf, negated: bool = False) -> bool | None:
+    def _record(
+        self, path: str, name: str, stat: str, window: str, leaf: Leaf, thr: float | None,
+        obs: float | None, met: bool | None, negated: bool, note: str,
+    ) -> None:
+        if self.explain:
+            self.conditions.append(
+                Condition(path, name, stat, window, leaf.op, thr, obs, met, leaf.guard, negated, "", note)
+            )
+
+    def node(self, n: Group | Leaf, negated: bool = False, path: str = "when") -> bool | None:
         if isinstance(n, Leaf):
-            return self.leaf(n, negated)
+            return self.leaf(n, negated, path)
         if n.not_ is not None:
-            r = self.node(n.not_, not negated)
+            r = self.node(n.not_, not negated, f"{path}.not")
             return None if r is None else not r
         # short-circuit: a False child decides `all`, a True child decides `any`,
         # whatever the unknown siblings would say (three-valued logic)
         decisive = n.all is None
+        kind = "all" if n.all is not None else "any"
         unknown = False
-        for child in n.all or n.any or ():
-            r = self.node(child, negated)
+        decided = False
+        for i, child in enumerate(n.all or n.any or ()):
+            r = self.node(child, negated, f"{path}.{kind}[{i}]")
+            if path == "when":
+                self.parts.append(r)
             if r is decisive:
-                return decisive
+                decided = True
+                if not self.explain:
+                    return decisive
             unknown = unknown or r is None
+        if decided:
+            return decisive
         return None if unknown else not decisive
 
 
@@ -306,11 +360,11 @@ def _healthy(view: TargetView) -> Diagnosis:
     )
 
 
-def _unknown(view: TargetView, reason: str) -> Diagnosis:
+def _unknown(view: TargetView, reason: str, severity: Severity = Severity.WARNING) -> Diagnosis:
     return Diagnosis(
         mode=FailureMode.UNKNOWN,
         rule_id="blind-spot",
-        severity=Severity.WARNING,
+        severity=severity,
         confidence=1.0,
         summary=f"Blind spot: {reason}; kvwatch cannot tell this target's state.",
         evidence=(),
@@ -322,10 +376,40 @@ def _unknown(view: TargetView, reason: str) -> Diagnosis:
     )
 
 
+def _undecided(view: TargetView, decision: StateDecision, structural: bool) -> Diagnosis:
+    """The ``unknown`` diagnosis of a target whose rules could not all be decided.
+
+    Warning (an incident once it persists) when the blindness may hide a problem; info
+    when the only gap is a signal this engine version does not export at all.
+    """
+    severity = Severity.WARNING if decision.urgent or not structural else Severity.INFO
+    sigs = ", ".join(decision.blocking)
+    return Diagnosis(
+        mode=FailureMode.UNKNOWN,
+        rule_id="undecidable",
+        severity=severity,
+        confidence=1.0,
+        summary=f"Undecidable: {decision.reason}; kvwatch will not call this target healthy.",
+        evidence=(),
+        triage=(
+            f"Restore the missing signals{f' ({sigs})' if sigs else ''}: check that {view.target.instance_hint()} "
+            "still exports them and that no relabel rule or selector drops them (kvwatch check).",
+            "If this engine version never exports them, enable them where the engine can (e.g. Triton "
+            "--metrics-config histogram_latencies=true for TTFT) or upgrade the engine.",
+            "Run `kvwatch explain` on this target to see every condition that could not be decided.",
+        ),
+    )
+
+
+def _signal_inputs(name: str) -> tuple[str, ...]:
+    return DERIVED_INPUTS.get(name, (name,))
+
+
 def diagnose_target(
-    view: TargetView, rules: RuleSet, group: dict[str, float | None]
+    view: TargetView, rules: RuleSet, group: dict[str, float | None], explain: bool = False
 ) -> TargetResult:
-    """Classify one target. ``group`` holds replica facts computed across the fleet."""
+    """Classify one target. ``group`` holds replica facts computed across the fleet;
+    ``explain`` records every condition of every rule (``kvwatch explain``)."""
     p = view.p
     sourced = view.data.sourced.get(view.key, set())
     missing: list[str] = []
@@ -335,26 +419,31 @@ def diagnose_target(
         elif not view.stat(sig.value, p.window_s, "count"):
             missing.append(f"{sig.value} (no data)")
     facts = facts_for(view, group)
+
+    def blind(reason: str, blocking: tuple[str, ...]) -> TargetResult:
+        return TargetResult(
+            view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(missing), facts, blocking=blocking
+        )
+
     if view.target.dialect == "stale":
         reason = "KV usage was reported during the window but no engine metrics exist now (target gone or no longer scraped)"
-        return TargetResult(view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(missing), facts)
+        return blind(reason, ("kv_usage",))
     for sig in REQUIRED_SIGNALS:
         if sig not in sourced:
-            return TargetResult(
-                view.target, FailureMode.UNKNOWN, (_unknown(view, f"{sig.value} is not exported"),), tuple(missing), facts
-            )
+            return blind(f"{sig.value} is not exported", (sig.value,))
     if not view.stat(Signal.KV_USAGE.value, p.fresh_s, "count"):
-        reason = "no kv_usage samples in the last 5 minutes (stale or gone target)"
-        return TargetResult(view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(missing), facts)
+        return blind("no kv_usage samples in the last 5 minutes (stale or gone target)", ("kv_usage",))
     coverage = view.stat(Signal.KV_USAGE.value, p.window_s, "coverage") or 0.0
     found: list[Diagnosis] = []
-    blind: list[str] = []
+    checks: list[RuleCheck] = []
     for rule in rules.rules:
-        ev = _Eval(view, rule, facts)
+        ev = _Eval(view, rule, facts, explain)
         result = ev.node(rule.when)
-        if result is None:
-            blind.append(f"{rule.id} undecidable ({', '.join(sorted(ev.unknown))})")
-            continue
+        verdict = Verdict.UNDECIDABLE if result is None else Verdict.MATCHED if result else Verdict.NOT_MATCHED
+        checks.append(
+            RuleCheck(rule.id, rule.mode, rule.cause, verdict, tuple(sorted({i for u in ev.unknown for i in _signal_inputs(u)})),
+                      result is None and ev.points, tuple(ev.conditions), tuple(ev.parts))
+        )
         if not result:
             continue
         span = min(rule.for_, p.window_s)
@@ -373,18 +462,32 @@ def diagnose_target(
             )
         )
     found.sort(key=lambda d: d.mode.rank)
-    state = found[0].mode if found else FailureMode.HEALTHY
-    if not found:
+    modes = mode_verdicts(checks)
+    decision = decide(modes, view.stat("waiting", p.window_s, "frac_above", 0.5))
+    blocking = decision.blocking
+    if decision.state is FailureMode.UNKNOWN:
+        structural = all(s not in sourced for s in blocking if s in Signal._value2member_map_)
+        found.insert(0, _undecided(view, decision, structural))
+    elif decision.state is FailureMode.HEALTHY:
         found.append(_healthy(view))
-    return TargetResult(view.target, state, tuple(found), tuple(missing + [f"rule {b}" for b in blind]), facts)
+    blind_rules = [f"rule {c.rule_id} undecidable ({', '.join(c.unknown)})" for c in checks if c.verdict is Verdict.UNDECIDABLE]
+    return TargetResult(
+        view.target, decision.state, tuple(found), tuple(missing + blind_rules), facts,
+        modes=modes, blocking=blocking, checks=tuple(checks),
+    )
 
 
-def diagnose(targets: Iterable[Target], data: FleetData, rules: RuleSet, params: Params) -> tuple[TargetResult, ...]:
-    """Classify every target; results are sorted by (state precedence, job, instance)."""
+def diagnose(
+    targets: Iterable[Target], data: FleetData, rules: RuleSet, params: Params,
+    explain: frozenset[TargetKey] = frozenset(),
+) -> tuple[TargetResult, ...]:
+    """Classify every target; results are sorted by (state precedence, job, instance).
+
+    Targets in ``explain`` get every condition of every rule recorded (``kvwatch explain``)."""
     targets = list(targets)
     fleet = FleetStats([t.key for t in targets], data, params.at)
     views = [TargetView(t, data, params, fleet) for t in targets]
     groups = _group_facts(views)
-    results = [diagnose_target(v, rules, groups.get(v.key, {})) for v in views]
+    results = [diagnose_target(v, rules, groups.get(v.key, {}), v.key in explain) for v in views]
     results.sort(key=lambda r: (r.state.rank, r.target.key.job, r.target.key.instance))
     return tuple(results)

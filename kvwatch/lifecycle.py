@@ -12,6 +12,11 @@ freezes its open incidents: nothing resolves and nothing is sent until data
 returns (or until ``forget_after`` without data, then it resolves as *gone*).
 A blind spot is itself an incident of mode ``unknown`` (warning) once it has
 persisted for ``blind_spot_for``.
+
+An incident is never resolved by blindness: when the target is still scraped but its
+mode became undecidable (the signals that decided it vanished), a firing incident stays
+open and is marked blind (``blind_since``, one ``blind`` event) until the signals return;
+clearing is then measured from their return.
 """
 
 from __future__ import annotations
@@ -23,7 +28,15 @@ from typing import Any
 
 from kvwatch.config import LifecycleSettings, Silence
 from kvwatch.durations import parse_time
-from kvwatch.models import Diagnosis, Evidence, FailureMode, Severity, TargetKey, TargetResult
+from kvwatch.models import (
+    Diagnosis,
+    Evidence,
+    FailureMode,
+    Severity,
+    TargetKey,
+    TargetResult,
+    Verdict,
+)
 
 LifecycleConfig = LifecycleSettings
 
@@ -42,6 +55,8 @@ class EventKind(StrEnum):
     UPDATE = "update"
     REMIND = "remind"
     RESOLVE = "resolve"
+    #: the firing incident's signals vanished: it stays open, marked blind
+    BLIND = "blind"
 
 
 @dataclass(frozen=True, order=True)
@@ -90,6 +105,10 @@ class Incident:
     silenced: bool = False
     #: why it resolved: "cleared" or "gone" (no data for forget_after)
     resolution: str = ""
+    #: since when the mode cannot be decided (its signals vanished); None while it can
+    blind_since: float | None = None
+    #: the signals whose absence leaves the mode undecidable
+    blind_reason: str = ""
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -118,9 +137,12 @@ class Incident:
             "triage": list(self.triage),
             "silenced": self.silenced,
             "resolution": self.resolution,
+            "blind_reason": self.blind_reason,
             "notified_severity": self.notified_severity.value if self.notified_severity else None,
         }
-        for name in ("started_at", "last_seen_at", "fired_at", "cleared_at", "resolved_at", "last_notified_at"):
+        for name in (
+            "started_at", "last_seen_at", "fired_at", "cleared_at", "resolved_at", "last_notified_at", "blind_since",
+        ):
             out[name] = getattr(self, name)
         return out
 
@@ -146,6 +168,8 @@ class Incident:
             notified_severity=Severity(d["notified_severity"]) if d.get("notified_severity") else None,
             silenced=d.get("silenced", False),
             resolution=d.get("resolution", ""),
+            blind_since=d.get("blind_since"),
+            blind_reason=d.get("blind_reason", ""),
         )
 
 
@@ -241,6 +265,12 @@ class Lifecycle:
                 continue
             else:
                 res = seen.get(key.target)
+                undecided = None if res is None else _undecided(res, key.mode)
+                if undecided is not None:
+                    inc, ev = self._blind(old, now, undecided)
+                    out[key] = inc
+                    events.extend(ev)
+                    continue
                 blind = res is None or (res.state is FailureMode.UNKNOWN and key.mode is not FailureMode.UNKNOWN)
                 inc = self._frozen(old, now) if blind else self._cleared(old, now)
                 if inc is None:
@@ -264,6 +294,8 @@ class Lifecycle:
             "triage": d.triage,
             "last_seen_at": now,
             "cleared_at": None,
+            "blind_since": None,
+            "blind_reason": "",
         }
         need = self._required(d)
         if old is None:
@@ -279,10 +311,28 @@ class Lifecycle:
         if old.state is IncidentState.PENDING:
             return None  # never fired: forget quietly
         cleared = old.cleared_at if old.cleared_at is not None else old.last_seen_at
-        inc = replace(old, cleared_at=cleared)
+        if old.blind_since is not None:
+            cleared = now  # the clear evidence starts when the signals return, not before the blindness
+        inc = replace(old, cleared_at=cleared, blind_since=None, blind_reason="")
         if now - cleared + _EPS >= self.config.hold_down:
             inc = replace(inc, state=IncidentState.RESOLVED, resolved_at=now, resolution="cleared")
         return inc
+
+    def _blind(self, old: Incident, now: float, reason: str) -> tuple[Incident, list[Event]]:
+        """The target is scraped but this mode cannot be decided: hold the incident open.
+
+        A firing incident is marked blind once (one ``blind`` event, unless silenced or never
+        announced); nothing resolves, re-fires or reminds until the signals return.
+        """
+        if old.state is not IncidentState.FIRING or old.blind_since is not None:
+            return old, []
+        inc = replace(old, blind_since=now, blind_reason=reason, cleared_at=None)
+        silenced = self.silenced(inc, now)
+        if silenced != inc.silenced:
+            inc = replace(inc, silenced=silenced)
+        if silenced or not inc.notified:
+            return inc, []
+        return inc, [Event(EventKind.BLIND, inc, now)]
 
     def _frozen(self, old: Incident, now: float) -> Incident | None:
         """No data for this target: keep the incident exactly as it is (no silent resolve)."""
@@ -317,6 +367,23 @@ class Lifecycle:
             inc = replace(inc, last_notified_at=now)
             return inc, [Event(EventKind.REMIND, inc, now)]
         return inc, []
+
+
+def _undecided(res: TargetResult, mode: FailureMode) -> str | None:
+    """Why ``mode`` cannot be decided for this (scraped) target, or None when it can.
+
+    A result without per-mode verdicts (a required signal missing or stale) decides no mode.
+    """
+    if mode is FailureMode.UNKNOWN:
+        return None
+    v = res.mode_verdict(mode)
+    if v is None:
+        if res.state is not FailureMode.UNKNOWN or not res.blocking:
+            return None
+        return f"missing: {', '.join(res.blocking)}"
+    if v.verdict is Verdict.UNDECIDABLE:
+        return f"missing: {', '.join(v.blocking) or 'data'}"
+    return None
 
 
 def _silence_matches(s: Silence, labels: Mapping[str, str], now: float) -> bool:

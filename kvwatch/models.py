@@ -145,15 +145,115 @@ class Diagnosis:
         return out
 
 
+class Verdict(StrEnum):
+    """Three-valued outcome of a rule or a mode for one target."""
+
+    MATCHED = "matched"
+    NOT_MATCHED = "not_matched"
+    UNDECIDABLE = "undecidable"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One evaluated rule condition, for ``kvwatch explain``: observed vs threshold and the outcome.
+
+    ``met`` is None when the condition could not be decided (signal missing or no samples);
+    ``bound`` is ">" when ``observed`` is only a lower bound (a quantile past the last bucket).
+    """
+
+    path: str
+    name: str
+    stat: str
+    window: str
+    op: str
+    threshold: float | None
+    observed: float | None
+    met: bool | None
+    guard: bool = False
+    negated: bool = False
+    bound: str = ""
+    note: str = ""
+
+    def describe(self) -> str:
+        obs = "n/a" if self.observed is None else f"{self.bound}{self.observed:.4g}"
+        thr = "n/a" if self.threshold is None else f"{self.threshold:g}"
+        outcome = {True: "met", False: "not met", None: "undecidable"}[self.met]
+        head = f"{'not ' if self.negated else ''}{self.name}.{self.stat} over {self.window}"
+        tail = f" ({self.note})" if self.note else ""
+        return f"{head}: {obs} {self.op} {thr} → {outcome}{tail}"
+
+
+@dataclass(frozen=True)
+class RuleCheck:
+    """One rule's outcome for one target: verdict, the signals that left it undecidable, and
+    whether the known evidence points to it (a non-guard condition met, none failed)."""
+
+    rule_id: str
+    mode: FailureMode
+    cause: str
+    verdict: Verdict
+    unknown: tuple[str, ...] = ()
+    points: bool = False
+    conditions: tuple[Condition, ...] = ()
+    #: outcome of each top-level condition of the rule (explain: "2 of 3 conditions met")
+    parts: tuple[bool | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModeVerdict:
+    """One failure mode for one target: matched / not matched / undecidable.
+
+    ``rules`` are the matched rules (matched) or the undecidable ones (undecidable);
+    ``blocking`` the signals whose absence left it undecidable; ``points``: the known
+    evidence points to this mode (e.g. KV pinned while the pressure signals are missing).
+    """
+
+    mode: FailureMode
+    verdict: Verdict
+    rules: tuple[str, ...] = ()
+    blocking: tuple[str, ...] = ()
+    points: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"verdict": self.verdict.value, "rules": list(self.rules)}
+        if self.verdict is Verdict.UNDECIDABLE:
+            out["blocking_signals"] = list(self.blocking)
+            out["evidence_points_to_it"] = self.points
+        return out
+
+
 @dataclass(frozen=True)
 class TargetResult:
-    """Everything kvwatch concluded about one target at one instant."""
+    """Everything kvwatch concluded about one target at one instant.
+
+    ``missing_signals`` lists every signal the target lacks (compatibility field);
+    ``blocking`` the ones that blocked a decision (the rest are harmless blind spots);
+    ``modes`` the three-valued verdict of every failure mode; ``checks`` every rule's
+    outcome (conditions are filled only when explaining).
+    """
 
     target: Target
     state: FailureMode
     diagnoses: tuple[Diagnosis, ...]
     missing_signals: tuple[str, ...]
     facts: dict[str, float | None] = field(default_factory=dict)
+    modes: tuple[ModeVerdict, ...] = ()
+    blocking: tuple[str, ...] = ()
+    checks: tuple[RuleCheck, ...] = ()
+
+    @property
+    def harmless(self) -> tuple[str, ...]:
+        """Missing signals that blocked no decision (e.g. not exported by this engine version)."""
+        return tuple(m for m in self.missing_signals if m.split(" ")[0] not in self.blocking and not m.startswith("rule "))
+
+    def mode_verdict(self, mode: FailureMode) -> ModeVerdict | None:
+        for v in self.modes:
+            if v.mode is mode:
+                return v
+        return None
 
     @property
     def primary(self) -> Diagnosis | None:
@@ -170,6 +270,8 @@ class TargetResult:
             "state": self.state.value,
             "diagnoses": [d.to_json() for d in self.diagnoses],
             "missing_signals": list(self.missing_signals),
+            "blind_spots": {"blocking": list(self.blocking), "harmless": list(self.harmless)},
+            "modes": {v.mode.value: v.to_json() for v in self.modes},
             "facts": {k: (None if v is None else round(v, 6)) for k, v in self.facts.items()},
         }
 

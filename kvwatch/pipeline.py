@@ -9,6 +9,7 @@ from kvwatch.config import Settings
 from kvwatch.diagnose import Params, diagnose
 from kvwatch.discover import discover
 from kvwatch.durations import format_duration
+from kvwatch.explain import explain_keys
 from kvwatch.models import Evaluation
 from kvwatch.promclient import QueryClient
 from kvwatch.ruleset import RuleSet
@@ -16,8 +17,13 @@ from kvwatch.selector import parse_selector, render_matchers
 from kvwatch.shard import Shard
 
 
-def evaluate(client: QueryClient, settings: Settings, rules: RuleSet, at: datetime) -> Evaluation:
-    """Evaluate every discovered target at ``at``. Raises PrometheusError when Prometheus fails."""
+def evaluate(
+    client: QueryClient, settings: Settings, rules: RuleSet, at: datetime, explain: str | None = None
+) -> Evaluation:
+    """Evaluate every discovered target at ``at``. Raises PrometheusError when Prometheus fails.
+
+    ``explain``: a ``job/instance`` (or instance, or part of one) whose every rule condition
+    is recorded for ``kvwatch explain``."""
     ev = settings.evaluation
     matchers = render_matchers(parse_selector(settings.discovery.selector, "discovery.selector"))
     stats = getattr(client, "stats", None)
@@ -42,7 +48,8 @@ def evaluate(client: QueryClient, settings: Settings, rules: RuleSet, at: dateti
         max_concurrency=settings.prometheus.max_concurrency,
     )
     params = Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo)
-    results = diagnose(targets, data, rules, params)
+    keys = explain_keys([t.key for t in targets], explain) if explain else frozenset()
+    results = diagnose(targets, data, rules, params, explain=keys)
     queries = getattr(stats, "queries", 0) - before
     # only this cycle's warnings: a client is reused across cycles by the service
     if hasattr(stats, "warnings_since"):

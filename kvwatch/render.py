@@ -94,9 +94,10 @@ def to_text(ev: Evaluation, *, color: bool = False, verbose: bool = True) -> str
         if others:
             also = "; ".join(f"{x.mode.value} ({x.rule_id})" for x in others)
             lines.append("    also:  " + safe_label(also, LINE_WIDTH))
-        gaps = [m for m in r.missing_signals if not m.startswith("rule ")]
-        if gaps and verbose:
-            lines.append(f"    blind: {safe_label(', '.join(gaps), LINE_WIDTH)}")
+        # only the blind spots that blocked a decision; harmless ones (a signal this engine
+        # version does not export, needed by no undecided rule) are in the JSON
+        if r.blocking and verbose:
+            lines.append(f"    blind: {safe_label(', '.join(r.blocking), LINE_WIDTH)} (blocked a decision)")
         lines.append("")
     if ev.warnings:
         lines.append("Prometheus warnings: " + clip_width(printable("; ".join(ev.warnings)), LINE_WIDTH))

@@ -90,6 +90,9 @@ class Leaf(_M):
     #: how an uncomputable statistic counts: "unknown" (default, the rule may become
     #: undecidable), or "false"/"true" for optional evidence such as a cap few engines export
     missing: Literal["unknown", "false", "true"] = "unknown"
+    #: a guard only excludes look-alikes ("no sustained queue", "not KV-pinned"): when the
+    #: rule is undecidable, a met guard does not count as evidence pointing to the mode
+    guard: bool = False
 
     def threshold(self, facts: dict[str, float | None]) -> float | None:
         """The number this leaf compares against (None when its reference fact is unknown)."""

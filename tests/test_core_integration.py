@@ -178,6 +178,14 @@ def test_dialect_detection_and_signals(prom_fleet: Fleet, all_json: dict, exposi
 def test_clear_cases_are_classified(all_json: dict, exposition: str, profile: str) -> None:
     """Pinned-full with a queue → full, ~70% with no queue → healthy, ~4% with no queue → idle."""
     t = by_key(all_json)[(exposition, f"{exposition}-{profile}:8000")]
+    if exposition == "trtllm-triton" and profile == "healthy":
+        # Triton without TTFT histograms cannot decide the misread tail: never `healthy` (issue 11),
+        # but an info-level unknown (not an incident): the gap is the engine's, nothing points to a fault
+        assert t["state"] == "unknown", t["state"]
+        assert t["modes"]["misread"]["verdict"] == "undecidable"
+        assert {"ttft_p50", "ttft_p99"} <= set(t["blind_spots"]["blocking"])
+        assert t["diagnoses"][0]["severity"] == "info"
+        return
     assert t["state"] == profile, (t["state"], [d["summary"] for d in t["diagnoses"]])
 
 
@@ -326,3 +334,21 @@ def test_victoriametrics_gives_the_same_states(prom_fleet: Fleet, all_json: dict
         got = vm[key]
         assert (got["state"], got["dialect"], sorted(got["missing_signals"])) == (
             t["state"], t["dialect"], sorted(t["missing_signals"])), key
+
+
+def test_explain_cli_shows_every_rule_condition_and_outcome(prom_fleet: Fleet) -> None:
+    res = run_cli("explain", "vllm-0.33-full:8000", "--prometheus-url", prom_fleet.url, "--at", prom_fleet.at_text)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert out.startswith("kvwatch explain vllm-0.33/vllm-0.33-full:8000")
+    assert "state: full" in out and "full-kv-pressure (full): matched — 3 of 3 conditions met" in out
+    assert "✓ kv_usage.p10 over 10m: 0.9" in out and "idle-stalled (idle, stalled): not matched" in out
+    tri = run_cli("explain", "trtllm-triton-healthy:8000", "--prometheus-url", prom_fleet.url,
+                  "--at", prom_fleet.at_text, "--format", "json")
+    assert tri.returncode == 0, tri.stderr
+    (doc,) = json.loads(tri.stdout)
+    tail = next(r for r in doc["rules"] if r["rule"] == "misread-ttft-tail")
+    assert tail["verdict"] == "undecidable" and "ttft_p99" in tail["undecidable_without"]
+    assert {c["outcome"] for c in tail["checks"]} == {"met", "undecidable"}
+    bad = run_cli("explain", "no-such-target", "--prometheus-url", prom_fleet.url, "--at", prom_fleet.at_text)
+    assert bad.returncode == 2 and "no discovered target matches 'no-such-target'" in bad.stderr

@@ -89,7 +89,18 @@ def test_text_shows_state_target_and_first_step() -> None:
     text = to_text(evaluation(result(FailureMode.FULL)))
     assert "full" in text and "vllm/10.0.0.1:8000" in text and "first: one" in text
     assert "42 queries" in text
-    assert "blind: waiting_capacity, max_running (no data)" in text
+    # signals that blocked no decision (harmless blind spots) are JSON-only
+    assert "blind:" not in text and "waiting_capacity" not in text
+
+
+def test_text_shows_only_blind_spots_that_blocked_a_decision() -> None:
+    r = result(FailureMode.UNKNOWN)
+    r = TargetResult(r.target, r.state, r.diagnoses, ("ttft_p99", "waiting_capacity"), r.facts, blocking=("ttft_p99",))
+    text = to_text(evaluation(r))
+    assert "blind: ttft_p99 (blocked a decision)" in text and "waiting_capacity" not in text
+    doc = strict_loads(to_json(evaluation(r)))["targets"][0]
+    assert doc["blind_spots"] == {"blocking": ["ttft_p99"], "harmless": ["waiting_capacity"]}
+    assert doc["missing_signals"] == ["ttft_p99", "waiting_capacity"]
 
 
 def test_text_survives_nan_everywhere() -> None:

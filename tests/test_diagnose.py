@@ -7,7 +7,7 @@ import pytest
 
 from kvwatch.diagnose import Params, diagnose
 from kvwatch.fleetdata import FleetData
-from kvwatch.models import FailureMode, Target, TargetKey
+from kvwatch.models import FailureMode, Severity, Target, TargetKey, Verdict
 from kvwatch.ruleset import load_ruleset
 from kvwatch.signals import Signal
 
@@ -154,13 +154,80 @@ def test_nan_samples_are_gaps_not_zeros() -> None:
     assert full.primary.confidence < dense.primary.confidence
 
 
-def test_rule_with_missing_signal_is_a_reported_blind_spot() -> None:
+def test_rule_with_missing_signal_is_unknown_not_healthy() -> None:
+    """Contract (design.md): a mode that cannot be decided makes the target unknown, never healthy.
+
+    This test used to assert ``healthy`` for a target without TTFT signals (issue 11, item 1).
+    """
     sigs = base()
     for s in (Signal.TTFT_P50, Signal.TTFT_P99, Signal.TTFT_MEAN):
         del sigs[s]
     r = run({"t": sigs})["t"]
-    assert r.state is FailureMode.HEALTHY
+    assert r.state is FailureMode.UNKNOWN
     assert any(m.startswith("rule misread-ttft-tail undecidable") for m in r.missing_signals)
+    misread = r.mode_verdict(FailureMode.MISREAD)
+    assert misread is not None and misread.verdict is Verdict.UNDECIDABLE and not misread.points
+    assert {"ttft_p50", "ttft_p99", "ttft_mean"} <= set(r.blocking)
+    # only a signal this engine does not export blocks, and nothing points to a problem: not an incident
+    assert r.primary is not None and r.primary.severity is Severity.INFO
+    assert "misread undecidable" in r.primary.summary
+    doc = r.to_json()
+    assert doc["modes"]["misread"]["verdict"] == "undecidable"
+    assert doc["modes"]["full"]["verdict"] == "not_matched"
+    assert "ttft_p99" in doc["blind_spots"]["blocking"] and "ttft_p99" in doc["missing_signals"]
+
+
+def test_pinned_kv_with_pressure_signals_missing_is_unknown_and_urgent() -> None:
+    sigs = base(kv_usage=const(0.97))
+    del sigs[Signal.WAITING], sigs[Signal.PREEMPTIONS]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.UNKNOWN
+    full = r.mode_verdict(FailureMode.FULL)
+    assert full is not None and full.verdict is Verdict.UNDECIDABLE and full.points
+    assert {"waiting", "preemptions"} <= set(full.blocking)
+    assert r.primary is not None and r.primary.severity is Severity.WARNING
+
+
+def test_queue_with_progress_unknown_is_unknown_not_healthy() -> None:
+    """Thousands waiting, nothing running, token progress not exported: stalled cannot be ruled out."""
+    sigs = base(kv_usage=const(0.02), running=const(0), waiting=const(3000))
+    del sigs[Signal.GEN_TPS]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.UNKNOWN
+    idle = r.mode_verdict(FailureMode.IDLE)
+    assert idle is not None and idle.verdict is Verdict.UNDECIDABLE and idle.points
+    assert "gen_tps" in r.blocking
+
+
+def test_persistent_queue_is_never_healthy() -> None:
+    """Every mode decided and none matched, yet requests queue all the time: unknown, with the reason."""
+    r = run({"t": base(kv_usage=const(0.82), waiting=const(3))})["t"]
+    assert all(v.verdict is Verdict.NOT_MATCHED for v in r.modes), r.modes
+    assert r.state is FailureMode.UNKNOWN
+    assert r.primary is not None and "queued in 100% of the window" in r.primary.summary
+    assert r.primary.severity is Severity.WARNING
+
+
+def test_higher_mode_pointed_at_but_undecidable_beats_a_lower_match() -> None:
+    """A saturated replica whose pressure signals vanished: full cannot be excluded, so not misread."""
+    fleet = {f"r{i}": base(kv_usage=const(0.25)) for i in range(4)}
+    hot = base(kv_usage=const(0.96))
+    del hot[Signal.WAITING], hot[Signal.PREEMPTIONS]
+    fleet["hot"] = hot
+    r = run(fleet)["hot"]
+    assert r.mode_verdict(FailureMode.MISREAD).verdict is Verdict.MATCHED
+    assert r.state is FailureMode.UNKNOWN
+    assert "full undecidable" in r.primary.summary and "misread cannot be the verdict" in r.primary.summary
+
+
+def test_latency_without_requests_is_decided_not_blind() -> None:
+    """No request finished: the TTFT quantiles have no samples, and no tail can be high."""
+    sigs = base(request_rate=const(0), gen_tps=const(0), prompt_tps=const(0), running=const(0), kv_usage=const(0.4))
+    for s in (Signal.TTFT_P50, Signal.TTFT_P99, Signal.TTFT_MEAN):
+        sigs[s] = const(np.nan)
+    r = run({"t": sigs})["t"]
+    assert r.mode_verdict(FailureMode.MISREAD).verdict is Verdict.NOT_MATCHED
+    assert r.state is FailureMode.HEALTHY, r.primary
 
 
 def test_replica_imbalance_flags_the_saturated_replica_only() -> None:
@@ -192,3 +259,36 @@ def test_fleet_data_as_a_tidy_frame_keeps_samples_and_drops_gaps() -> None:
     assert frame["value"].tolist() == [0.5, 0.7]
     assert set(frame["signal"]) == {"kv_usage"}
     assert frame["ts"].iloc[1].timestamp() == GRID[2]
+
+
+def test_explain_lists_every_condition_and_the_near_miss() -> None:
+    """KV pinned most of the time but p10 just under 0.70: full is a near miss, and explain says so."""
+    from datetime import UTC, datetime
+
+    from kvwatch.explain import explain_json, explain_text
+    from kvwatch.models import Evaluation
+
+    usage = const(0.95)
+    usage[-20::4] = 0.66  # one sample in four dips: p10 of the last 10 minutes ≈ 0.66-0.68
+    sigs = base(kv_usage=usage, waiting=const(4))
+    targets = [Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m")]
+    data = FleetData(grid=GRID, targets={t.key: t for t in targets})
+    data.sourced[targets[0].key] = set(sigs)
+    for s, v in sigs.items():
+        data.put(targets[0].key, s, v)
+    params = Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0)
+    (r,) = diagnose(targets, data, RULES, params, explain=frozenset({targets[0].key}))
+    assert r.state is not FailureMode.FULL
+    ev = Evaluation(evaluated_at=datetime.fromtimestamp(AT, tz=UTC), results=(r,), window_s=WINDOW)
+    text = explain_text(r, ev)
+    assert "full-kv-pressure (full): not matched — 2 of 3 conditions met; near miss: kv_usage.p10 over 10m: 0.66" in text
+    assert "✓ waiting.mean over 10m: 4 >= 1 → met" in text
+    assert all(f"{rule.id} (" in text for rule in RULES.rules)  # every rule, decided or not
+    doc = explain_json(r)
+    full = next(x for x in doc["rules"] if x["rule"] == "full-kv-pressure")
+    assert (full["conditions_met"], full["conditions"]) == (2, 3)
+    p10 = next(c for c in full["checks"] if c["stat"] == "p10")
+    assert p10["outcome"] == "not_met" and p10["near_miss"] and p10["threshold"] == 0.7
+    # without explain nothing extra is recorded (the fleet-wide path stays cheap)
+    (plain,) = diagnose(targets, data, RULES, params)
+    assert plain.state is r.state and all(not c.conditions for c in plain.checks)

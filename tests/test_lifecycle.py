@@ -13,10 +13,12 @@ from kvwatch.models import (
     Diagnosis,
     Evidence,
     FailureMode,
+    ModeVerdict,
     Severity,
     Target,
     TargetKey,
     TargetResult,
+    Verdict,
 )
 
 T = Target(TargetKey("vllm", "10.0.0.1:8000"), dialect="vllm-v1", engine="vllm", model="llama")
@@ -147,3 +149,50 @@ def test_incident_json_roundtrip_and_counts() -> None:
     assert Incident.from_json(inc.to_json()) == inc
     assert open_counts(incidents) == {("full", "critical"): 1}
     assert IncidentKey.parse(str(FULL_KEY)) == FULL_KEY
+
+
+def blind_full(state: FailureMode = FailureMode.UNKNOWN) -> TargetResult:
+    """The target is still scraped but the signals that decide `full` vanished (issue 11)."""
+    d = Diagnosis(FailureMode.UNKNOWN, "undecidable", Severity.WARNING, 1.0, "full undecidable", (), ("check",))
+    modes = (ModeVerdict(FailureMode.FULL, Verdict.UNDECIDABLE, ("full-rule",), ("preemptions", "waiting"), True),)
+    return TargetResult(T, state, (d,), ("waiting", "preemptions"), modes=modes, blocking=("preemptions", "waiting"))
+
+
+def test_firing_incident_whose_signals_vanish_stays_open_marked_blind() -> None:
+    firing = [result(diag(for_s=0))]
+    healthy = [result()]
+    seq = [(0, firing), (60, [blind_full()]), (600, [blind_full()]), (5000, [blind_full()]), (5060, healthy),
+           (5100, healthy), (5200, healthy)]
+    life = lc(hold_down=120, forget_after=1000)
+    incidents: dict[IncidentKey, Incident] = {}
+    log = []
+    for now, results in seq:
+        incidents, events = life.step(incidents, results, now)
+        log.extend((now, e.kind) for e in events if e.incident.key == FULL_KEY)
+        if now == 600:
+            held = incidents[FULL_KEY]
+            assert held.state is IncidentState.FIRING and held.blind_since == 60
+            assert "preemptions, waiting" in held.blind_reason
+            assert Incident.from_json(held.to_json()) == held  # survives the state file
+    # one blind event, no resolve while blind (not after hold_down, not after forget_after) ...
+    assert log[:2] == [(0, EventKind.FIRE), (60, EventKind.BLIND)]
+    # (the blindness itself is a separate `unknown` incident once it lasts blind_spot_for)
+    assert not any(k is EventKind.RESOLVE and t < 5200 for t, k in log)
+    # ... and the hold-down counts from the signals' return (5060), not from before the blindness
+    assert (5200, EventKind.RESOLVE) in log and incidents[FULL_KEY].resolution == "cleared"
+
+
+def test_blind_incident_shows_in_slack_text_and_alertmanager() -> None:
+    from kvwatch.config import load_settings
+    from kvwatch.notify import blocks
+    from kvwatch.notify.alertmanager import to_alert
+
+    life = lc()
+    incidents, _ = life.step({}, [result(diag(for_s=0))], 0)
+    incidents, events = life.step(incidents, [blind_full()], 60)
+    inc = incidents[FULL_KEY]
+    assert [e.kind for e in events] == [EventKind.BLIND]
+    assert "Signals lost (missing: preemptions, waiting)" in blocks.reply_text(events[0])
+    assert "BLIND" in blocks.status_line(inc, 120)
+    alert = to_alert(load_settings(None, environ={}), inc, 120)
+    assert "held open until the signals return" in alert["annotations"]["blind"]

@@ -53,6 +53,8 @@ def to_alert(settings: Settings, inc: Incident, now: float) -> dict[str, Any]:
         "rule": printable(inc.rule_id),
         "confidence": f"{inc.confidence:.2f}",
     }
+    if inc.blind_since is not None:
+        annotations["blind"] = f"since {_iso(inc.blind_since)} ({inc.blind_reason}); held open until the signals return"
     dash = grafana_url(settings, inc, now)
     if dash:
         annotations["dashboard_url"] = dash

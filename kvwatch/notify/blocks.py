@@ -162,13 +162,17 @@ def status_line(inc: Incident, now: float) -> str:
         how = "target gone (no data)" if inc.resolution == "gone" else "cleared"
         return f":white_check_mark: *RESOLVED* after {human_duration(end - inc.started_at)} ({how}, {_clock(end)})"
     since = inc.fired_at or inc.started_at
-    return f":rotating_light: *FIRING* since {_clock(since)} ({human_duration(now - inc.started_at)} so far)"
+    line = f":rotating_light: *FIRING* since {_clock(since)} ({human_duration(now - inc.started_at)} so far)"
+    if inc.blind_since is not None:
+        line += (f" · :see_no_evil: *BLIND* since {_clock(inc.blind_since)} ({esc(inc.blind_reason)}): "
+                 "held open until the signals return")
+    return line
 
 
 def fallback_text(event: Event) -> str:
     inc = event.incident
     verb = {EventKind.FIRE: "", EventKind.UPDATE: "escalated: ", EventKind.REMIND: "still firing: ",
-            EventKind.RESOLVE: "resolved: "}[event.kind]
+            EventKind.RESOLVE: "resolved: ", EventKind.BLIND: "blind, held open: "}[event.kind]
     return clip(f"kvwatch {verb}{esc(title(inc))}: {esc(inc.summary)}", LIMITS["fallback"])
 
 
