@@ -36,7 +36,7 @@ from kvwatch.models import (
 from kvwatch.render_template import Num, render
 from kvwatch.ruleset import DERIVED_INPUTS, SIGNAL_NAMES, Group, Leaf, Rule, RuleSet
 from kvwatch.signals import REQUIRED_SIGNALS, Signal
-from kvwatch.verdicts import StateDecision, decide, mode_verdicts
+from kvwatch.verdicts import PERSISTENT_QUEUE_SPAN_S, StateDecision, decide, mode_verdicts
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
 
@@ -463,7 +463,8 @@ def diagnose_target(
         )
     found.sort(key=lambda d: d.mode.rank)
     modes = mode_verdicts(checks)
-    decision = decide(modes, view.stat("waiting", p.window_s, "frac_above", 0.5))
+    queue_span = min(PERSISTENT_QUEUE_SPAN_S, p.window_s)
+    decision = decide(modes, view.stat("waiting", queue_span, "frac_above", 0.5))
     blocking = decision.blocking
     if decision.state is FailureMode.UNKNOWN:
         structural = all(s not in sourced for s in blocking if s in Signal._value2member_map_)

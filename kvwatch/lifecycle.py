@@ -271,7 +271,11 @@ class Lifecycle:
                     out[key] = inc
                     events.extend(ev)
                     continue
-                blind = res is None or (res.state is FailureMode.UNKNOWN and key.mode is not FailureMode.UNKNOWN)
+                # a mode decided not matched clears, whatever the target state (e.g. `unknown` for
+                # another mode); without per-mode verdicts nothing was decided: freeze
+                blind = res is None or (
+                    res.state is FailureMode.UNKNOWN and key.mode is not FailureMode.UNKNOWN and not res.modes
+                )
                 inc = self._frozen(old, now) if blind else self._cleared(old, now)
                 if inc is None:
                     continue
@@ -372,15 +376,14 @@ class Lifecycle:
 def _undecided(res: TargetResult, mode: FailureMode) -> str | None:
     """Why ``mode`` cannot be decided for this (scraped) target, or None when it can.
 
-    A result without per-mode verdicts (a required signal missing or stale) decides no mode.
+    A result without per-mode verdicts (KV usage missing or stale: the target may be gone)
+    is not handled here; it freezes the incident until data returns or ``forget_after``.
     """
     if mode is FailureMode.UNKNOWN:
         return None
     v = res.mode_verdict(mode)
     if v is None:
-        if res.state is not FailureMode.UNKNOWN or not res.blocking:
-            return None
-        return f"missing: {', '.join(res.blocking)}"
+        return None  # no mode was evaluated (KV usage missing or stale): the frozen/gone path
     if v.verdict is Verdict.UNDECIDABLE:
         return f"missing: {', '.join(v.blocking) or 'data'}"
     return None

@@ -20,8 +20,12 @@ from dataclasses import dataclass
 
 from kvwatch.models import PRECEDENCE, FailureMode, ModeVerdict, RuleCheck, Verdict
 
-#: fraction of the window with ≥ 1 request waiting above which a queue is "persistent"
+#: fraction of :data:`PERSISTENT_QUEUE_SPAN_S` with ≥ 1 request waiting above which a queue
+#: is "persistent"
 PERSISTENT_QUEUE_FRAC = 0.5
+#: span of the persistent-queue check, s: recent, so a queue that ended with a recovered
+#: episode does not linger as an after-effect over the whole 30-minute window
+PERSISTENT_QUEUE_SPAN_S = 600.0
 
 _MODES: tuple[FailureMode, ...] = tuple(m for m in PRECEDENCE if m is not FailureMode.HEALTHY)
 
@@ -71,7 +75,7 @@ def _why(modes: Sequence[ModeVerdict]) -> str:
 
 def decide(modes: Sequence[ModeVerdict], queue_frac: float | None) -> StateDecision:
     """The target state from the mode verdicts (precedence order) and the fraction of the
-    window with a queue (None: unknown)."""
+    last :data:`PERSISTENT_QUEUE_SPAN_S` with a queue (None: unknown)."""
     pointing: list[ModeVerdict] = []
     for v in modes:
         if v.verdict is Verdict.MATCHED:
@@ -88,9 +92,10 @@ def decide(modes: Sequence[ModeVerdict], queue_frac: float | None) -> StateDecis
         blocking = tuple(sorted({s for v in undecided for s in v.blocking}))
         reason = _why(undecided)
         if queued:
-            reason += f"; requests queued in {queue_frac:.0%} of the window"
+            reason += f"; requests queued in {queue_frac:.0%} of the last {PERSISTENT_QUEUE_SPAN_S / 60:g} minutes"
         return StateDecision(FailureMode.UNKNOWN, reason, blocking, urgent=bool(pointing) or queued)
     if queued:
-        reason = f"requests queued in {queue_frac:.0%} of the window but no failure-mode rule explains it"
+        reason = (f"requests queued in {queue_frac:.0%} of the last {PERSISTENT_QUEUE_SPAN_S / 60:g} minutes "
+                  "but no failure-mode rule explains it")
         return StateDecision(FailureMode.UNKNOWN, reason, (), urgent=True)
     return StateDecision(FailureMode.HEALTHY)

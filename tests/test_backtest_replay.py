@@ -38,6 +38,10 @@ def _signals(full: bool, n: int) -> dict[Signal, np.ndarray]:
         Signal.PROMPT_TPS: np.full(n, 4000.0),
         Signal.REQUEST_RATE: np.full(n, 4.0),
         Signal.KV_CAPACITY_TOKENS: np.full(n, 200_000.0),
+        # a healthy tail: without TTFT the misread mode is undecidable, so never `healthy`
+        Signal.TTFT_P50: np.full(n, 0.2),
+        Signal.TTFT_P99: np.full(n, 0.8),
+        Signal.TTFT_MEAN: np.full(n, 0.3),
     }
 
 

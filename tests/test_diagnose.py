@@ -204,7 +204,7 @@ def test_persistent_queue_is_never_healthy() -> None:
     r = run({"t": base(kv_usage=const(0.82), waiting=const(3))})["t"]
     assert all(v.verdict is Verdict.NOT_MATCHED for v in r.modes), r.modes
     assert r.state is FailureMode.UNKNOWN
-    assert r.primary is not None and "queued in 100% of the window" in r.primary.summary
+    assert r.primary is not None and "queued in 100% of the last 10 minutes" in r.primary.summary
     assert r.primary.severity is Severity.WARNING
 
 

@@ -230,6 +230,9 @@ def reply_text(event: Event) -> str:
         text = f":alarm_clock: Still firing after {human_duration(event.at - inc.started_at)}: {esc(inc.summary)}"
     elif event.kind is EventKind.RESOLVE:
         text = status_line(inc, event.at)
+    elif event.kind is EventKind.BLIND:
+        text = (f":see_no_evil: Signals lost ({esc(inc.blind_reason)}): kvwatch cannot decide {inc.key.mode.value} "
+                "any more, so this incident stays open until they return.")
     else:
         text = f"{ICON[inc.key.mode]} {esc(title(inc))}: {esc(inc.summary)}"
     return clip(text, LIMITS["fallback"])
