@@ -62,6 +62,9 @@ class Source:
     scale: float = 1.0
     expr: Callable[[Callable[[str, str], str], str], str] | None = None
     extra_requires: tuple[str, ...] = ()
+    #: for a fallback: how it yields the signal in the signal's one unit (e.g. tokens/s from
+    #: decode requests per iteration x iterations per second); shown by explain/check
+    estimate: str = ""
 
     @property
     def requires(self) -> tuple[str, ...]:
@@ -170,9 +173,21 @@ VLLM_SOURCES = _merge(
             Source(HQ, "vllm:inter_token_latency_seconds", _VM, quantile=0.99),
             Source(HQ, "vllm:time_per_output_token_seconds", _VM, quantile=0.99),
         ),
-        Signal.GEN_TPS: Source(C, "vllm:generation_tokens_total", _VM, agg="sum"),
-        Signal.PROMPT_TPS: Source(C, "vllm:prompt_tokens_total", _VM, agg="sum"),
-        Signal.REQUEST_RATE: Source(C, "vllm:request_success_total", _VM, agg="sum"),
+        Signal.GEN_TPS: (
+            Source(C, "vllm:generation_tokens_total", _VM, agg="sum"),
+            Source(C, "vllm:request_generation_tokens_sum", _VM, agg="sum",
+                   estimate="tokens/s counted when requests finish (per-request histogram sum)"),
+        ),
+        Signal.PROMPT_TPS: (
+            Source(C, "vllm:prompt_tokens_total", _VM, agg="sum"),
+            Source(C, "vllm:request_prompt_tokens_sum", _VM, agg="sum",
+                   estimate="tokens/s counted when requests finish (per-request histogram sum)"),
+        ),
+        Signal.REQUEST_RATE: (
+            Source(C, "vllm:request_success_total", _VM, agg="sum"),
+            Source(C, "vllm:e2e_request_latency_seconds_count", _VM, agg="sum",
+                   estimate="finished requests/s from the end-to-end latency histogram count"),
+        ),
         Signal.ABORT_RATE: Source(
             C, "vllm:request_success_total", f'{_VM}, finished_reason=~"abort|error"', agg="sum"
         ),
@@ -207,9 +222,17 @@ def _sglang(p: str) -> dict[Signal, tuple[Source, ...]]:
                 Source(HQ, f"{p}inter_token_latency_seconds", quantile=0.99),
                 Source(HQ, f"{p}time_per_output_token_seconds", quantile=0.99),
             ),
-            Signal.GEN_TPS: Source(C, f"{p}generation_tokens_total", agg="sum"),
+            Signal.GEN_TPS: (
+                Source(C, f"{p}generation_tokens_total", agg="sum"),
+                Source(G, f"{p}gen_throughput", pr, agg="sum",
+                       estimate="the scheduler's decode throughput gauge, tokens/s"),
+            ),
             Signal.PROMPT_TPS: Source(C, f"{p}prompt_tokens_total", agg="sum"),
-            Signal.REQUEST_RATE: Source(C, f"{p}num_requests_total", agg="sum"),
+            Signal.REQUEST_RATE: (
+                Source(C, f"{p}num_requests_total", agg="sum"),
+                Source(C, f"{p}e2e_request_latency_seconds_count", agg="sum",
+                       estimate="finished requests/s from the end-to-end latency histogram count"),
+            ),
             Signal.ABORT_RATE: Source(C, f"{p}num_aborted_requests_total", agg="sum"),
             Signal.KV_CAPACITY_TOKENS: (
                 Source(G, f"{p}max_total_num_tokens"),
@@ -221,6 +244,25 @@ def _sglang(p: str) -> dict[Signal, tuple[Source, ...]]:
 
 
 _TB = "nv_trt_llm_kv_cache_block_metrics"
+_IFB = "nv_trt_llm_inflight_batcher_metrics"
+_GEN = "nv_trt_llm_general_metrics"
+
+
+def _per_iteration(kind: str, estimate: str) -> Source:
+    """Triton without the ``nv_llm_*`` token histograms: a per-iteration gauge of the in-flight
+    batcher times iterations per second (the iteration counter is a gauge that only grows, so
+    ``rate`` reads it; a restart is a counter reset)."""
+    which = f'inflight_batcher_specific_metric="{kind}"'
+    counter = 'general_type="iteration_counter"'
+
+    def expr(sel: Callable[[str, str], str], rw: str) -> str:
+        per_iter = f"avg_over_time({sel(_IFB, which)}[{rw}])"
+        iters = f"rate({sel(_GEN, counter)}[{rw}])"
+        return f"sum by ({BY}) ({per_iter}) * on ({BY}) max by ({BY}) ({iters})"
+
+    return Source(X, _IFB, expr=expr, extra_requires=(_GEN,), estimate=estimate)
+
+
 _TR = "nv_trt_llm_request_metrics"
 _WAITING = 'request_type="waiting"'
 _MAXB = 'kv_cache_block_type="max"'
@@ -256,9 +298,18 @@ TRITON_SOURCES = _merge(
             ),
             extra_requires=("nv_inference_request_success",),
         ),
-        Signal.GEN_TPS: Source(C, "nv_llm_output_token_len_sum", agg="sum"),
-        Signal.PROMPT_TPS: Source(C, "nv_llm_input_token_len_sum", agg="sum"),
-        Signal.REQUEST_RATE: Source(C, "nv_inference_request_success", agg="max"),
+        Signal.GEN_TPS: (
+            Source(C, "nv_llm_output_token_len_sum", agg="sum"),
+            _per_iteration("generation_requests", "decode requests per iteration x iterations/s = tokens/s"),
+        ),
+        Signal.PROMPT_TPS: (
+            Source(C, "nv_llm_input_token_len_sum", agg="sum"),
+            _per_iteration("total_context_tokens", "context tokens per iteration x iterations/s = tokens/s"),
+        ),
+        Signal.REQUEST_RATE: (
+            Source(C, "nv_inference_request_success", agg="max"),
+            Source(C, "nv_inference_count", agg="max", estimate="inferences/s (one per request for LLM models)"),
+        ),
         Signal.ABORT_RATE: Source(C, "nv_inference_request_failure", agg="max"),
         Signal.KV_CAPACITY_TOKENS: Source(
             X,

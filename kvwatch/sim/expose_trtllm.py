@@ -20,6 +20,17 @@ def _active_queued(view: EngineView) -> tuple[np.ndarray, np.ndarray]:
     return active, running + waiting - active
 
 
+def _per_iteration(total: object, iterations: object) -> np.ndarray:
+    """Tokens per engine iteration between scrapes (``numCtxTokens`` is the context tokens
+    scheduled in one iteration, not the prefill backlog); the first scrape averages since start."""
+    tot, its = np.asarray(total, dtype=float), np.asarray(iterations, dtype=float)
+    if tot.ndim == 0:
+        return np.asarray(tot / its if its > 0 else 0.0)
+    d_tot, d_its = np.diff(tot, prepend=0.0), np.diff(its, prepend=0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(d_its > 0, d_tot / np.where(d_its > 0, d_its, 1.0), 0.0)
+
+
 @register(Dialect.TRTLLM_TRITON)
 def triton(views: Sequence[EngineView], model_name: str) -> list[Family]:
     """Triton backend: ``model``/``version`` labels, category label per series; no TTFT."""
@@ -44,7 +55,7 @@ def triton(views: Sequence[EngineView], model_name: str) -> list[Family]:
         f.gauge("nv_trt_llm_kv_cache_block_metrics", "TRT LLM KV cache block metrics",
                 (("kv_cache_block_type", kind), *base), value)
     ifb = (("micro_batch_id", 0.0), ("generation_requests", g["decoding"]),
-           ("total_context_tokens", np.minimum(g["prefill_tokens"], cfg.max_num_batched_tokens)),
+           ("total_context_tokens", _per_iteration(c["prompt_tokens"], c["iterations"])),
            ("paused_requests", g["paused"]))
     for kind, value in ifb:
         f.gauge("nv_trt_llm_inflight_batcher_metrics",
