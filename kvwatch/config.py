@@ -10,13 +10,22 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 
-from kvwatch.durations import format_duration, parse_duration
+from kvwatch.durations import format_duration, parse_duration, parse_time
 from kvwatch.errors import ConfigError, Problem
 
 #: points per series Prometheus returns from one range query at most (it refuses more)
@@ -98,9 +107,30 @@ class AlertmanagerSettings(_Model):
 
 
 class Silence(_Model):
+    """Label matchers (all must equal) that mute notifications, optionally until an RFC 3339 time."""
+
     matchers: dict[str, str]
     comment: str = ""
     until: str = ""
+
+    @field_validator("matchers")
+    @classmethod
+    def _some_matchers(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v:
+            raise ValueError("at least one label matcher (an empty set would silence every alert)")
+        return v
+
+    @field_validator("until", mode="before")
+    @classmethod
+    def _until(cls, v: Any) -> Any:
+        # an unquoted YAML timestamp arrives as a datetime (or a date): accept it as the time it spells
+        if isinstance(v, datetime):
+            return (v if v.tzinfo else v.replace(tzinfo=UTC)).isoformat()
+        if isinstance(v, date):
+            return datetime(v.year, v.month, v.day, tzinfo=UTC).isoformat()
+        if isinstance(v, str) and v.strip():
+            parse_time(v)  # ValueError names the expected form
+        return v
 
 
 class LifecycleSettings(_Model):
@@ -204,7 +234,7 @@ def _problems(source: str, exc: ValidationError) -> list[Problem]:
             msg = "required key is missing"
         else:
             shown = "<secret>" if "token" in loc or "webhook" in loc or "headers" in loc else repr(given)
-            expected = err["msg"].removeprefix("Value error, ").removeprefix("expected ").split("; got")[0]
+            expected = err["msg"].removeprefix("Value error, ").removeprefix("expected ").split("; got")[0].split(", got ")[0]
             expected = expected.removeprefix("Input should be ")  # pydantic's phrasing after "expected"
             msg = f"got {shown}, expected {expected}"
         out.append(Problem(source, loc, msg))

@@ -267,6 +267,11 @@ class PromClient:
             raise PrometheusBadResponse(
                 self.url, f"HTTP {resp.status_code} with a non-JSON body ({snippet!r}) for /api/v1/{endpoint}"
             ) from None
+        if isinstance(doc, dict) and doc.get("status") not in ("success", "error"):
+            self.stats.add(len(body), [], True)
+            raise PrometheusBadResponse(
+                self.url, f"HTTP {resp.status_code} with JSON that is not a Prometheus API answer (no \"status\") "
+                f"for /api/v1/{endpoint}: is this the Prometheus base URL?")
         if not isinstance(doc, dict) or doc.get("status") != "success":
             self.stats.add(len(body), [], True)
             err = doc.get("error", "no error text") if isinstance(doc, dict) else "not a JSON object"

@@ -69,15 +69,44 @@ def _read_string(text: str, pos: int, where: str) -> tuple[str, int]:
     raise SelectorError(Problem(where, f"offset {pos}", "unterminated quoted value"))
 
 
+def _closing_brace(body: str) -> int:
+    """Index of the '}' closing the leading '{', skipping quoted values; -1 if none."""
+    quote = ""
+    i = 1
+    while i < len(body):
+        ch = body[i]
+        if quote:
+            if ch == "\\" and quote != "`":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'`":
+            quote = ch
+        elif ch == "}":
+            return i
+        i += 1
+    return -1
+
+
 def parse_selector(text: str | None, where: str = "--selector") -> tuple[Matcher, ...]:
     """Parse a selector; raise :class:`SelectorError` naming ``where`` and the offset."""
     if text is None:
         return ()
     body = text.strip()
     if body.startswith("{"):
-        if not body.endswith("}"):
+        close = _closing_brace(body)
+        if close < 0 and body.endswith("}"):
+            close = len(body) - 1  # an unterminated quote swallowed the brace: the parser names it
+        if close < 0:
             raise SelectorError(Problem(where, "", f"selector {text!r} opens '{{' but does not close it"))
-        body = body[1:-1]
+        if body[close + 1 :].strip():
+            extra = body[close + 1 :].strip()
+            raise SelectorError(Problem(
+                where, "", f"selector {text!r} has {extra[:40]!r} after '}}': only label matchers like "
+                '{namespace="llm"} are allowed (no PromQL operators, functions or metric names)'))
+        body = body[1:close]
+    elif not re.match(r"\s*[a-zA-Z_]", body) and body:
+        raise SelectorError(Problem(where, "", f"selector {text!r}: expected label matchers like {{namespace=\"llm\"}}"))
     matchers: list[Matcher] = []
     pos = 0
     while pos < len(body):
@@ -88,6 +117,10 @@ def parse_selector(text: str | None, where: str = "--selector") -> tuple[Matcher
             raise SelectorError(
                 Problem(where, f"offset {pos}", f"expected label matcher like name=\"value\" in {text!r}")
             )
+        if m.group(1) == "__name__":
+            raise SelectorError(Problem(
+                where, m.group(1), "the selector scopes targets by labels (job, namespace, ...); kvwatch picks the "
+                "metric names itself, so __name__ is not allowed"))
         value, pos = _read_string(body, m.end(), where)
         if m.group(2) in ("=~", "!~"):
             _check_re2(value, where, m.group(1))

@@ -247,3 +247,22 @@ def test_console_script_reads_prometheus(prom_url: str) -> None:
     assert f'observed at {AT} over 30m (vllm, {{job="vllm"}}, {prom_url}):' in done.stdout
     assert "p99" in done.stdout
     assert "pool tokens" in done.stdout and "200,000" in done.stdout
+
+
+def test_model_name_selector_joins_the_pool_on_job_and_instance(
+    prom_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 13 item 13: the README's ``--selector '{model_name="m"}'`` example.
+
+    ``vllm:cache_config_info`` carries no ``model_name``; the pool is read for the
+    job/instance whose length histograms match the selector.
+    """
+    argv = [*LLAMA, *LIMITS, "--prometheus-url", prom_url, "--at", AT, "--window", "30m"]
+    code, doc, err = _run([*argv, "--selector", '{model_name="llama", job="vllm"}'], capsys)
+    assert code == 0, err
+    assert doc is not None
+    obs = doc["observed"]
+    assert obs["engine"] == "vllm" and obs["prompt_tokens"]["p50"] == 1000
+    assert obs["pool_tokens"] == 12500 * 16  # vllm-0 only: vllm-1 has no matching histograms
+    assert "joined on job/instance" in obs["pool_detail"]
+    assert doc["kv_budget_source"] == "engine"

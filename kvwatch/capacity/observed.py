@@ -22,6 +22,7 @@ from kvwatch.collect import cache_info_tokens
 from kvwatch.dialects import DIALECT_BY_ID, DIALECTS, SourceKind, selector
 from kvwatch.extras import Extra, extra_sources
 from kvwatch.promclient import QueryClient, Series
+from kvwatch.selector import target_matchers
 from kvwatch.signals import Signal
 
 
@@ -158,6 +159,8 @@ def observe(
             else:
                 lengths[kind][q] = round(value)
     pool, detail, pool_notes, n = _pool(client, at, window, user_matchers, hist.dialect)
+    if pool is None and user_matchers:
+        pool, detail, pool_notes, n = _pool_of_matching_targets(client, at, window, user_matchers, hist, n)
     return Observation(
         **base,
         engine=hist.engine,
@@ -168,6 +171,39 @@ def observe(
         notes=(*notes, *pool_notes),
         queries=queries + n,
     )
+
+
+#: targets whose pool is looked up one by one when the selector does not match the pool metric
+MAX_JOINED_TARGETS = 20
+
+
+def _pool_of_matching_targets(
+    client: QueryClient, at: datetime, window: str, user_matchers: str, hist: Any, tried: int
+) -> tuple[int | None, str, list[str], int]:
+    """The pool of the targets whose length histograms match the selector.
+
+    A selector such as ``{model_name="m"}`` matches the histograms but not every pool
+    metric (``vllm:cache_config_info`` carries no ``model_name``): join on
+    ``job``/``instance`` of the histogram series instead.
+    """
+    rows = client.instant(f"group by (job, instance) ({selector(hist.prompt + '_count', user_matchers)})", at)
+    keys = sorted({(r.get("metric", {}).get("job", ""), r.get("metric", {}).get("instance", "")) for r in rows})
+    queries = tried + 1
+    pools: list[tuple[int, str]] = []
+    notes: list[str] = []
+    for job, instance in keys[:MAX_JOINED_TARGETS]:
+        pool, detail, _, n = _pool(client, at, window, target_matchers(job, instance), hist.dialect)
+        queries += n
+        if pool is not None:
+            pools.append((pool, detail))
+    if len(keys) > MAX_JOINED_TARGETS:
+        notes.append(f"pool read for the first {MAX_JOINED_TARGETS} of {len(keys)} matching targets")
+    if not pools:
+        return None, "", [f"no engine-reported KV pool size ({hist.dialect})"], queries
+    smallest, detail = min(pools)
+    if len({p for p, _ in pools}) > 1:
+        notes.append(f"{len(pools)} instances report pools of {smallest:,}–{max(pools)[0]:,} tokens; used the smallest")
+    return smallest, f"{detail}, joined on job/instance of the matching histograms", notes, queries
 
 
 def _pool(

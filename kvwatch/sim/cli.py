@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import sys
@@ -91,7 +92,22 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _writable_dir(path: str, flag: str) -> Path:
+    """Create ``path`` if needed; a directory kvwatch cannot write is a usage error, before any work."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag}: cannot create {path!r}: {exc.strerror or exc}") from None
+    if not out.is_dir() or not os.access(out, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag}: {path!r} is not a writable directory")
+    return out
+
+
 def cmd_backfill(args: argparse.Namespace) -> int:
+    _writable_dir(args.out, "--out")
+    if args.tsdb:
+        _writable_dir(args.tsdb, "--tsdb")
     presets, dialects = _selection(args)
     end = parse_time(args.end) if args.end else default_end_time()
     started = time.monotonic()
@@ -119,13 +135,19 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port: got {args.port}, expected 0-65535")
     presets, dialects = _selection(args)
     specs = plan(presets, dialects, args.seeds, run_s=None, full_cross=args.full_cross)
     fleet = SimFleet(specs, speed=args.speed)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with SimHTTPServer(fleet, args.host, args.port, advertise=args.advertise) as server:
+    try:
+        server_cm = SimHTTPServer(fleet, args.host, args.port, advertise=args.advertise)
+    except OSError as exc:  # port in use, address not local, permission denied
+        raise UsageError(f"--host/--port: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    with server_cm as server:
         print(f"serving {len(specs)} simulated targets on {server.url} "
               f"(speed x{args.speed}): /sd /targets /targets/<name>/metrics "
               f"POST /control/<name> /healthz", flush=True)
