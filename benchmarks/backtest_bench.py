@@ -2,7 +2,7 @@
 
     python benchmarks/backtest_bench.py [--targets 200] [--hours 6] [--step 60] [--scrape 30]
 
-Builds the history with :mod:`kvwatch.backtest.synth` (a quarter of the targets
+Builds the history with :mod:`kvwatch.tools.backtest.synth` (a quarter of the targets
 go full for 40 min at staggered times, an eighth idle, the rest healthy-busy),
 backfills it with promtool into a throw-away Prometheus on loopback, then times
 one backtest (discovery + fetch + replay) and prints seconds, queries issued,
@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.prom import backfill, prometheus
 
-from kvwatch.backtest.replay import run_backtest
-from kvwatch.backtest.synth import SynthTarget, write_openmetrics
 from kvwatch.config import load_settings
-from kvwatch.promclient import PromClient
-from kvwatch.ruleset import load_ruleset
+from kvwatch.core.promclient import PromClient
+from kvwatch.core.rules import load_ruleset
+from kvwatch.tools.backtest.replay import run_backtest
+from kvwatch.tools.backtest.synth import SynthTarget, write_openmetrics
 
 HOUR = 3600.0
 

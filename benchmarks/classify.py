@@ -26,10 +26,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvwatch.config import load_settings
-from kvwatch.pipeline import evaluate
-from kvwatch.promclient import PromClient
-from kvwatch.quality import score, static_baseline_targets
-from kvwatch.ruleset import load_ruleset
+from kvwatch.core.pipeline import evaluate
+from kvwatch.core.promclient import PromClient
+from kvwatch.core.quality import score, static_baseline_targets
+from kvwatch.core.rules import load_ruleset
 from kvwatch.sim import perturb
 from kvwatch.sim.honest import HonestReport, score_corpus
 from kvwatch.sim.randomized import build

@@ -2,7 +2,7 @@
 
 Builds a fleet of N targets whose signals reproduce every failure-mode signature
 (30-minute window, 30 s step: 61 samples per signal), then times
-``kvwatch.diagnose.diagnose`` with ``time.process_time`` over several repeats.
+``kvwatch.core.diagnose.diagnose`` with ``time.process_time`` over several repeats.
 
     python benchmarks/diagnose_cost.py [--targets 1000] [--repeats 5]
 """
@@ -14,11 +14,11 @@ import time
 
 import numpy as np
 
-from kvwatch.diagnose import Params, diagnose
-from kvwatch.fleetdata import FleetData
-from kvwatch.models import Target, TargetKey
-from kvwatch.ruleset import load_ruleset
-from kvwatch.signals import Signal
+from kvwatch.core.diagnose import Params, diagnose
+from kvwatch.core.frame import FleetData
+from kvwatch.core.models import Target, TargetKey
+from kvwatch.core.rules import load_ruleset
+from kvwatch.core.signals import Signal
 
 STEP, WINDOW = 30.0, 1800.0
 N = int(WINDOW // STEP) + 1

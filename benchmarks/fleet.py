@@ -6,7 +6,7 @@
 Per size: a synthetic fleet (``synth.py``: five dialects, real metric names,
 40 min at 15 s) is backfilled with promtool into a cached TSDB
 (``benchmarks/.cache``; reused on the next run), a real Prometheus serves it, and
-``kvwatch.pipeline.evaluate`` runs at the last sample. Each size runs in a fresh
+``kvwatch.core.pipeline.evaluate`` runs at the last sample. Each size runs in a fresh
 subprocess so peak RSS is per size. Printed per size: cycle wall time, HTTP wait
 (summed over concurrent queries), Prometheus CPU, kvwatch CPU (whole process:
 JSON parsing, grids, features, diagnosis), stage times, queries, bytes, peak RSS
@@ -53,7 +53,7 @@ def ensure_tsdb(size: int, cache: Path, jobs: int) -> Path:
 
 
 def _cycle(client: Any, settings: Any, rules: Any, at: datetime, prom_pid: int) -> dict[str, float]:
-    from kvwatch.pipeline import evaluate
+    from kvwatch.core.pipeline import evaluate
 
     s = client.stats
     q0, b0, h0 = s.queries, s.bytes_received, s.http_seconds
@@ -77,9 +77,9 @@ def _cycle(client: Any, settings: Any, rules: Any, at: datetime, prom_pid: int) 
 
 def _stages(client: Any, settings: Any, rules: Any, at: datetime) -> dict[str, float]:
     """The pipeline's stages timed one by one (same calls as ``evaluate``)."""
-    from kvwatch.collect import collect
-    from kvwatch.diagnose import Params, diagnose
-    from kvwatch.discover import discover
+    from kvwatch.core.collect import collect
+    from kvwatch.core.diagnose import Params, diagnose
+    from kvwatch.core.discover import discover
     from kvwatch.durations import format_duration
 
     ev = settings.evaluation
@@ -97,8 +97,8 @@ def _stages(client: Any, settings: Any, rules: Any, at: datetime) -> dict[str, f
 
 def run_one(size: int, cache: Path, cycles: int, concurrency: int, jobs: int, step: str) -> dict[str, Any]:
     from kvwatch.config import load_settings
-    from kvwatch.promclient import PromClient
-    from kvwatch.ruleset import load_ruleset
+    from kvwatch.core.promclient import PromClient
+    from kvwatch.core.rules import load_ruleset
 
     tsdb = ensure_tsdb(size, cache, jobs)
     at = datetime.fromtimestamp(START_S + STEP_S * (SAMPLES - 1), tz=UTC)

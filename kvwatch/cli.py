@@ -26,8 +26,8 @@ COMMAND_MODULES = (
     "kvwatch.service.cli",
     "kvwatch.demo",
     "kvwatch.sim.cli",
-    "kvwatch.capacity.cli",
-    "kvwatch.backtest.cli",
+    "kvwatch.tools.capacity.cli",
+    "kvwatch.tools.backtest.cli",
 )
 
 
@@ -66,7 +66,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     over: dict[str, dict[str, Any]] = {}
     flags: dict[str, str] = {}
     if getattr(args, "selector", None) is not None:
-        from kvwatch.selector import parse_selector
+        from kvwatch.core.selector import parse_selector
 
         parse_selector(args.selector, "--selector")  # a bad flag is named as the flag, not as a file key
     for dest, key, flag in FLAG_KEYS:
@@ -78,7 +78,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if getattr(args, "rules", None):
         over.setdefault("rules", {})["paths"] = tuple(args.rules)
     if getattr(args, "shard", None):
-        from kvwatch.shard import parse_shard
+        from kvwatch.core.shard import parse_shard
 
         try:
             shard = parse_shard(args.shard)
@@ -102,15 +102,15 @@ def parse_at(text: str | None) -> datetime:
 
 
 def _cmd_once(args: argparse.Namespace) -> int:
-    from kvwatch.promclient import PromClient
-    from kvwatch.render import to_json, to_text
-    from kvwatch.ruleset import load_ruleset
+    from kvwatch.core.promclient import PromClient
+    from kvwatch.core.report import to_json, to_text
+    from kvwatch.core.rules import load_ruleset
 
     settings = settings_from_args(args)
     rules = load_ruleset(settings.rules.paths)
     at = parse_at(args.at)
     client = PromClient.from_settings(settings.prometheus)
-    from kvwatch.pipeline import evaluate
+    from kvwatch.core.pipeline import evaluate
 
     evaluation = evaluate(client, settings, rules, at)
     if getattr(args, "notify", False):
@@ -125,11 +125,11 @@ def _cmd_once(args: argparse.Namespace) -> int:
 def _cmd_explain(args: argparse.Namespace) -> int:
     import json
 
-    from kvwatch.explain import explain_json, explain_text
-    from kvwatch.pipeline import evaluate
-    from kvwatch.promclient import PromClient
-    from kvwatch.render import _finite
-    from kvwatch.ruleset import load_ruleset
+    from kvwatch.core.explain import explain_json, explain_text
+    from kvwatch.core.pipeline import evaluate
+    from kvwatch.core.promclient import PromClient
+    from kvwatch.core.report import _finite
+    from kvwatch.core.rules import load_ruleset
 
     settings = settings_from_args(args)
     rules = load_ruleset(settings.rules.paths)
@@ -148,7 +148,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from kvwatch.ruleset import load_ruleset
+    from kvwatch.core.rules import load_ruleset
 
     settings = settings_from_args(args)
     rules = load_ruleset(settings.rules.paths)

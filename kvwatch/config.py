@@ -156,7 +156,7 @@ class ServerSettings(_Model):
 
 
 class ShardSettings(_Model):
-    """This replica's share of the fleet (``kvwatch/shard.py``): targets with hashmod(job;instance) % count == index."""
+    """This replica's share of the fleet (``kvwatch/core/shard.py``): targets with hashmod(job;instance) % count == index."""
 
     index: int = Field(0, ge=0)
     count: int = Field(1, ge=1)
@@ -310,8 +310,8 @@ def load_settings(
 
 
 def _check_semantics(s: Settings, source: str) -> None:
-    from kvwatch.dialects import DIALECT_BY_ID
-    from kvwatch.selector import parse_selector
+    from kvwatch.core.dialects import DIALECT_BY_ID
+    from kvwatch.core.selector import parse_selector
 
     problems: list[Problem] = []
     ev = s.evaluation

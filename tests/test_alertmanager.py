@@ -17,9 +17,9 @@ import requests
 from support.prom import free_port, require_binary, server_process
 from test_lifecycle import FULL_KEY, diag, lc, result
 
+from kvwatch.alerting.sinks.alertmanager import AlertmanagerSink
 from kvwatch.config import load_settings
-from kvwatch.models import Target, TargetKey
-from kvwatch.notify.alertmanager import AlertmanagerSink
+from kvwatch.core.models import Target, TargetKey
 
 pytestmark = pytest.mark.alertmanager
 

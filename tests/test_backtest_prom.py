@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from support.prom import backfill, prometheus
 
-from kvwatch.backtest.replay import run_backtest
-from kvwatch.backtest.synth import SynthTarget, write_openmetrics
 from kvwatch.cli import main
-from kvwatch.collect import plan
 from kvwatch.config import load_settings
-from kvwatch.discover import discover
-from kvwatch.models import FailureMode
-from kvwatch.promclient import PromClient
-from kvwatch.ruleset import load_ruleset
+from kvwatch.core.collect import plan
+from kvwatch.core.discover import discover
+from kvwatch.core.models import FailureMode
+from kvwatch.core.promclient import PromClient
+from kvwatch.core.rules import load_ruleset
+from kvwatch.tools.backtest.replay import run_backtest
+from kvwatch.tools.backtest.synth import SynthTarget, write_openmetrics
 
 D0 = 1_780_000_000 - 1_780_000_000 % 3600  # data start, hour aligned, in the past
 MIN = 60.0

@@ -7,17 +7,17 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from kvwatch.backtest.history import HistorySpec, fetch_history
-from kvwatch.backtest.replay import ReplayParams, check_step, replay, step_times
-from kvwatch.backtest.window import WindowData
-from kvwatch.collect import plan
 from kvwatch.config import LifecycleSettings
-from kvwatch.diagnose import Params, diagnose
+from kvwatch.core.collect import plan
+from kvwatch.core.diagnose import Params, diagnose
+from kvwatch.core.frame import FleetData
+from kvwatch.core.models import FailureMode, Target, TargetKey
+from kvwatch.core.rules import load_ruleset
+from kvwatch.core.signals import Signal
 from kvwatch.errors import ConfigError
-from kvwatch.fleetdata import FleetData
-from kvwatch.models import FailureMode, Target, TargetKey
-from kvwatch.ruleset import load_ruleset
-from kvwatch.signals import Signal
+from kvwatch.tools.backtest.history import HistorySpec, fetch_history
+from kvwatch.tools.backtest.replay import ReplayParams, check_step, replay, step_times
+from kvwatch.tools.backtest.window import WindowData
 
 RES, WINDOW = 30.0, 1800.0
 G0 = 1_000_000.0

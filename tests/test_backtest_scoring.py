@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from kvwatch.backtest.labels import Expected, Labels, load_labels
-from kvwatch.backtest.models import BacktestResult, IncidentRecord, TargetTimeline
-from kvwatch.backtest.scoring import score
+from kvwatch.core.models import FailureMode, Severity, Target, TargetKey
 from kvwatch.errors import ConfigError
-from kvwatch.models import FailureMode, Severity, Target, TargetKey
+from kvwatch.tools.backtest.labels import Expected, Labels, load_labels
+from kvwatch.tools.backtest.models import BacktestResult, IncidentRecord, TargetTimeline
+from kvwatch.tools.backtest.scoring import score
 
 H, F, OSC, IDLE = FailureMode.HEALTHY, FailureMode.FULL, FailureMode.OSCILLATING, FailureMode.IDLE
 TIMES = tuple(float(60 * i) for i in range(10))  # steps 0, 60, ..., 540

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.prom import free_port, unavailable
 
-from kvwatch.capacity.cli import add_parser
+from kvwatch.tools.capacity.cli import add_parser
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 ARTICLE = ["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--kv-dtype", "bf16"]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvwatch.capacity import (
+from kvwatch.tools.capacity import (
     Advice,
     CapacityError,
     KVDtype,
@@ -26,7 +26,7 @@ from kvwatch.capacity import (
     pool_bytes_per_token,
     requests_fit,
 )
-from kvwatch.capacity.units import GIB, KIB, MIB
+from kvwatch.tools.capacity.units import GIB, KIB, MIB
 
 ARTICLE = ModelGeometry(layers=32, kv_heads=8, head_dim=128, kv_dtype=KVDtype.BF16)
 

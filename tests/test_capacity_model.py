@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvwatch.capacity import (
+from kvwatch.tools.capacity import (
     CapacityError,
     KVDtype,
     ModelGeometry,

@@ -19,7 +19,7 @@ import pytest
 from support.prom import backfill, prometheus
 from test_capacity_cli import kvwatch_command
 
-from kvwatch.capacity.cli import add_parser
+from kvwatch.tools.capacity.cli import add_parser
 
 pytestmark = pytest.mark.prometheus
 

@@ -15,12 +15,12 @@ import pytest
 from support.prom import backfill, prometheus
 from support.victoria import import_openmetrics, victoriametrics
 
-from kvwatch.collect import resolve
 from kvwatch.config import load_settings
-from kvwatch.pipeline import evaluate
-from kvwatch.promclient import PromClient
-from kvwatch.quality import MODES, score, static_baseline
-from kvwatch.ruleset import load_ruleset
+from kvwatch.core.collect import resolve
+from kvwatch.core.pipeline import evaluate
+from kvwatch.core.promclient import PromClient
+from kvwatch.core.quality import MODES, score, static_baseline
+from kvwatch.core.rules import load_ruleset
 from kvwatch.sim.corpus import build_corpus
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]

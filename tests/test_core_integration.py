@@ -27,17 +27,17 @@ from fixtures.core import fleet
 from support.prom import backfill, prometheus
 from support.victoria import import_openmetrics, victoriametrics
 
-from kvwatch.collect import collect
 from kvwatch.config import load_settings
-from kvwatch.dialects import DIALECT_BY_ID, DIALECTS
-from kvwatch.discover import discover, discovery_query, stale_query
-from kvwatch.models import Evaluation
-from kvwatch.pipeline import evaluate
-from kvwatch.promclient import PromClient
-from kvwatch.render import to_text
-from kvwatch.ruleset import load_ruleset
-from kvwatch.selector import Matcher, parse_selector, render_matchers
-from kvwatch.signals import Signal
+from kvwatch.core.collect import collect
+from kvwatch.core.dialects import DIALECT_BY_ID, DIALECTS
+from kvwatch.core.discover import discover, discovery_query, stale_query
+from kvwatch.core.models import Evaluation
+from kvwatch.core.pipeline import evaluate
+from kvwatch.core.promclient import PromClient
+from kvwatch.core.report import to_text
+from kvwatch.core.rules import load_ruleset
+from kvwatch.core.selector import Matcher, parse_selector, render_matchers
+from kvwatch.core.signals import Signal
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvwatch.models import (
+from kvwatch.core.models import (
     Diagnosis,
     Evaluation,
     Evidence,
@@ -20,7 +20,7 @@ from kvwatch.models import (
     TargetKey,
     TargetResult,
 )
-from kvwatch.render import to_json, to_text
+from kvwatch.core.report import to_json, to_text
 
 AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 FLOATS = st.floats(allow_nan=True, allow_infinity=True)

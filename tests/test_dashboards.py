@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from kvwatch.dashboards.build import DASHBOARDS, render_all, stale_files, write_all
-from kvwatch.dashboards.grafana import DATASOURCE, SCHEMA_VERSION
-from kvwatch.dialects import DIALECTS
-from kvwatch.signals import Signal
+from kvwatch.core.dialects import DIALECTS
+from kvwatch.core.signals import Signal
+from kvwatch.tools.dashboards.build import DASHBOARDS, render_all, stale_files, write_all
+from kvwatch.tools.dashboards.grafana import DATASOURCE, SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 UIDS = {"kvwatch-fleet", "kvwatch-instance", "kvwatch-self"}
@@ -36,7 +36,7 @@ def _exprs(d: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def test_checked_in_files_match_the_generator() -> None:
-    assert stale_files(ROOT) == [], "generated files are stale: run `python -m kvwatch.dashboards`"
+    assert stale_files(ROOT) == [], "generated files are stale: run `python -m kvwatch.tools.dashboards`"
 
 
 def test_regeneration_is_byte_identical(tmp_path: Path) -> None:
@@ -48,7 +48,7 @@ def test_regeneration_is_byte_identical(tmp_path: Path) -> None:
 
 
 def test_cli_check_reports_stale_file(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "kvwatch.dashboards", "--root", str(tmp_path)]
+    cmd = [sys.executable, "-m", "kvwatch.tools.dashboards", "--root", str(tmp_path)]
     assert subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
     assert subprocess.run([*cmd, "--check"], capture_output=True, timeout=60).returncode == 0
     (tmp_path / "dashboards/kvwatch-fleet.json").write_text("{}")

@@ -1,7 +1,7 @@
 """Every query of the kvwatch-self dashboard returns data from a real Prometheus.
 
 The Prometheus holds a backfilled sample of kvwatch's self-metrics (names as in
-kvwatch/selfmetrics.py). Engine panels need simulator data: see docs/dashboards.md.
+kvwatch/service/selfmetrics.py). Engine panels need simulator data: see docs/dashboards.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ with ``promtool tsdb create-blocks-from rules`` (the template variables read
 evaluation of that fleet. Each panel query runs at a past instant inside the data with
 Grafana's variables substituted.
 
-Dashboards and rules are rendered from the code, as ``python -m kvwatch.dashboards``
+Dashboards and rules are rendered from the code, as ``python -m kvwatch.tools.dashboards``
 writes them (``test_dashboards`` checks the checked-in files equal that rendering).
 
 Expectations are derived, never hand-listed per panel: a panel query must return a series
@@ -36,9 +36,19 @@ import requests
 from support.prom import PROMTOOL, backfill, prometheus, require_binary
 
 from kvwatch.config import load_settings
-from kvwatch.dashboards.build import RECORDING_RULES, render_all
-from kvwatch.dashboards.common import QUANTILES
-from kvwatch.dashboards.queries import (
+from kvwatch.core.dialects import DIALECT_BY_ID, Dialect, Source, SourceKind, selector
+from kvwatch.core.extras import EXTRA_SOURCES, Extra, extra_sources
+from kvwatch.core.models import Evaluation
+from kvwatch.core.pipeline import evaluate
+from kvwatch.core.promclient import PromClient
+from kvwatch.core.rules import load_ruleset
+from kvwatch.core.signals import Signal
+from kvwatch.service.selfmetrics import SelfMetrics
+from kvwatch.sim.corpus import build_corpus, default_end_time
+from kvwatch.sim.vocab import Dialect as SimDialect
+from kvwatch.tools.dashboards.build import RECORDING_RULES, render_all
+from kvwatch.tools.dashboards.common import QUANTILES
+from kvwatch.tools.dashboards.queries import (
     PANEL_MATCHERS,
     bucket_increase_exprs,
     extra_expr,
@@ -47,17 +57,7 @@ from kvwatch.dashboards.queries import (
     prefix_saved_tokens_expr,
     signal_expr,
 )
-from kvwatch.dashboards.recording import INFO_RECORD, PREFIX_HIT_RECORD, RECORDS
-from kvwatch.dialects import DIALECT_BY_ID, Dialect, Source, SourceKind, selector
-from kvwatch.extras import EXTRA_SOURCES, Extra, extra_sources
-from kvwatch.models import Evaluation
-from kvwatch.pipeline import evaluate
-from kvwatch.promclient import PromClient
-from kvwatch.ruleset import load_ruleset
-from kvwatch.selfmetrics import SelfMetrics
-from kvwatch.signals import Signal
-from kvwatch.sim.corpus import build_corpus, default_end_time
-from kvwatch.sim.vocab import Dialect as SimDialect
+from kvwatch.tools.dashboards.recording import INFO_RECORD, PREFIX_HIT_RECORD, RECORDS
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from support.prom import require_binary
 
+from kvwatch.core.models import FailureMode
 from kvwatch.demo.promrun import TEMP_PREFIX
-from kvwatch.models import FailureMode
 
 CMD = [sys.executable, "-c", "import sys; from kvwatch.cli import main; sys.exit(main())"]
 
@@ -267,8 +267,8 @@ def test_sources_are_evaluated_on_what_the_engine_exposes() -> None:
     """Matchers select series (absent label == ""), counters are rated, histograms summed by le."""
     import numpy as np
 
+    from kvwatch.core.dialects import Source, SourceKind
     from kvwatch.demo.promlite import Exposed, evaluate_source
-    from kvwatch.dialects import Source, SourceKind
     from kvwatch.sim.expose import Family, Sample
 
     t = np.arange(0.0, 600.0 + 1, 15.0)

@@ -162,7 +162,7 @@ def test_configmap_config_and_rules_pass_kvwatch_check(docs: dict[str, list[dict
     res = subprocess.run([*cmd, "check", "--config", str(cfg), "--rules", str(rules)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
-    from kvwatch.ruleset import load_ruleset
+    from kvwatch.core.rules import load_ruleset
 
     assert len(load_ruleset([rules]).rules) == len(load_ruleset().rules)
 

@@ -150,8 +150,8 @@ def test_readme_commands_parse_with_the_real_cli(capsys: pytest.CaptureFixture[s
 
 
 def test_readme_mentions_every_failure_mode_and_exit_code() -> None:
-    from kvwatch.models import FailureMode
-    from kvwatch.ruleset import load_ruleset
+    from kvwatch.core.models import FailureMode
+    from kvwatch.core.rules import load_ruleset
 
     text = README.read_text()
     for mode in FailureMode:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvwatch.diagnose import Params, diagnose
-from kvwatch.fleetdata import FleetData
-from kvwatch.models import FailureMode, Severity, Target, TargetKey, Verdict
-from kvwatch.ruleset import load_ruleset
-from kvwatch.signals import Signal
+from kvwatch.core.diagnose import Params, diagnose
+from kvwatch.core.frame import FleetData
+from kvwatch.core.models import FailureMode, Severity, Target, TargetKey, Verdict
+from kvwatch.core.rules import load_ruleset
+from kvwatch.core.signals import Signal
 
 STEP = 30.0
 WINDOW = 1800.0
@@ -265,8 +265,8 @@ def test_explain_lists_every_condition_and_the_near_miss() -> None:
     """KV pinned most of the time but p10 just under 0.70: full is a near miss, and explain says so."""
     from datetime import UTC, datetime
 
-    from kvwatch.explain import explain_json, explain_text
-    from kvwatch.models import Evaluation
+    from kvwatch.core.explain import explain_json, explain_text
+    from kvwatch.core.models import Evaluation
 
     usage = const(0.95)
     usage[-20::4] = 0.66  # one sample in four dips: p10 of the last 10 minutes ≈ 0.66-0.68

@@ -10,12 +10,12 @@ import pytest
 import yaml
 from support.prom import PROMTOOL, require_binary
 
-from kvwatch.collect import resolve
-from kvwatch.dialects import BY, DIALECT_BY_ID, DIALECTS, Source, SourceKind, all_names
-from kvwatch.discover import discovery_query, parse_discovery, stale_query
-from kvwatch.models import TargetKey
-from kvwatch.selector import parse_selector, render_matchers
-from kvwatch.signals import Signal
+from kvwatch.core.collect import resolve
+from kvwatch.core.dialects import BY, DIALECT_BY_ID, DIALECTS, Source, SourceKind, all_names
+from kvwatch.core.discover import discovery_query, parse_discovery, stale_query
+from kvwatch.core.models import TargetKey
+from kvwatch.core.selector import parse_selector, render_matchers
+from kvwatch.core.signals import Signal
 
 NAMES_FILE = Path(__file__).parent / "fixtures" / "core" / "engine-metric-names.txt"
 DOC_NAMES = {ln.strip() for ln in NAMES_FILE.read_text().splitlines() if ln.strip() and not ln.startswith("#")}

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from support.prom import backfill, prometheus, unavailable
 
-from kvwatch.collect import resolve
 from kvwatch.config import load_settings
-from kvwatch.discover import discover
-from kvwatch.pipeline import evaluate
-from kvwatch.promclient import PromClient
-from kvwatch.ruleset import load_ruleset
-from kvwatch.signals import Signal
+from kvwatch.core.collect import resolve
+from kvwatch.core.discover import discover
+from kvwatch.core.pipeline import evaluate
+from kvwatch.core.promclient import PromClient
+from kvwatch.core.rules import load_ruleset
+from kvwatch.core.signals import Signal
 
 pytestmark = pytest.mark.prometheus
 

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 from support.prom import backfill, prometheus
 
-from kvwatch.collect import collect
 from kvwatch.config import load_settings
-from kvwatch.discover import discover
-from kvwatch.features import SeriesStats
-from kvwatch.models import Evaluation, FailureMode, TargetKey, TargetResult
-from kvwatch.pipeline import evaluate
-from kvwatch.promclient import PromClient
-from kvwatch.ruleset import load_ruleset
-from kvwatch.selector import parse_selector, render_matchers
-from kvwatch.signals import Signal
+from kvwatch.core.collect import collect
+from kvwatch.core.discover import discover
+from kvwatch.core.models import Evaluation, FailureMode, TargetKey, TargetResult
+from kvwatch.core.pipeline import evaluate
+from kvwatch.core.promclient import PromClient
+from kvwatch.core.rules import load_ruleset
+from kvwatch.core.selector import parse_selector, render_matchers
+from kvwatch.core.signals import Signal
+from kvwatch.core.statistics.series import SeriesStats
 
 pytestmark = pytest.mark.prometheus
 

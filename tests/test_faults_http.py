@@ -20,15 +20,15 @@ from test_faults_data import AT, Fleet
 
 from kvwatch.cli import main
 from kvwatch.config import Settings, load_settings
+from kvwatch.core.models import FailureMode
+from kvwatch.core.pipeline import evaluate
+from kvwatch.core.promclient import PromClient
+from kvwatch.core.rules import RuleSet, load_ruleset
 from kvwatch.errors import (
     PrometheusBadResponse,
     PrometheusError,
     PrometheusUnreachable,
 )
-from kvwatch.models import FailureMode
-from kvwatch.pipeline import evaluate
-from kvwatch.promclient import PromClient
-from kvwatch.ruleset import RuleSet, load_ruleset
 
 pytestmark = pytest.mark.prometheus
 AT_TEXT = AT.isoformat().replace("+00:00", "Z")

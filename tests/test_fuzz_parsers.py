@@ -21,14 +21,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvwatch.collect import _to_grid, collect
 from kvwatch.config import Settings, load_settings
+from kvwatch.core.collect import _to_grid, collect
+from kvwatch.core.models import Target, TargetKey
+from kvwatch.core.promclient import PromClient, decode_matrix
+from kvwatch.core.rules import load_rule_file
+from kvwatch.core.selector import Matcher, parse_selector, render_matchers
 from kvwatch.durations import format_duration, parse_duration
 from kvwatch.errors import ConfigError, PrometheusError, SelectorError
-from kvwatch.models import Target, TargetKey
-from kvwatch.promclient import PromClient, decode_matrix
-from kvwatch.ruleset import load_rule_file
-from kvwatch.selector import Matcher, parse_selector, render_matchers
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

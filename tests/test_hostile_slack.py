@@ -13,13 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.fake_slack import block_errors, fake_slack
 
+from kvwatch.alerting.lifecycle import Event, EventKind, Incident, IncidentKey, IncidentState
+from kvwatch.alerting.sinks import blocks
+from kvwatch.alerting.sinks.base import ThreadBook
+from kvwatch.alerting.sinks.slack import SlackNotifier, SlackWebhookNotifier
+from kvwatch.alerting.state import MemoryStore
 from kvwatch.config import load_settings
-from kvwatch.lifecycle import Event, EventKind, Incident, IncidentKey, IncidentState
-from kvwatch.models import Evidence, FailureMode, Severity
-from kvwatch.notify import blocks
-from kvwatch.notify.base import ThreadBook
-from kvwatch.notify.slack import SlackNotifier, SlackWebhookNotifier
-from kvwatch.state import MemoryStore
+from kvwatch.core.models import Evidence, FailureMode, Severity
 
 T0 = 1_800_000_000.0
 HOSTILE = (

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvwatch.cli import main
-from kvwatch.render_template import Num, render
-from kvwatch.ruleset import check_template
+from kvwatch.core.rules import check_template
+from kvwatch.core.templates import Num, render
 
 RULE = """version: 1
 rules:

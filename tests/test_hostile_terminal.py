@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from kvwatch.models import (
+from kvwatch.alerting.sinks.console import event_line
+from kvwatch.core.models import (
     Diagnosis,
     Evaluation,
     Evidence,
@@ -15,8 +16,7 @@ from kvwatch.models import (
     TargetKey,
     TargetResult,
 )
-from kvwatch.notify.console import event_line
-from kvwatch.render import TARGET_WIDTH, to_text
+from kvwatch.core.report import TARGET_WIDTH, to_text
 from kvwatch.textsafe import printable
 
 AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)

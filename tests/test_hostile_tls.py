@@ -17,8 +17,8 @@ from support.tls import Certs, bcrypt_hash, make_certs, prometheus_web
 
 from kvwatch.cli import main
 from kvwatch.config import load_settings
+from kvwatch.core.promclient import PromClient
 from kvwatch.errors import PrometheusUnreachable
-from kvwatch.promclient import PromClient
 
 pytestmark = pytest.mark.prometheus
 

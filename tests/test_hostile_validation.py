@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from kvwatch.alerting.lifecycle import _silence_matches
 from kvwatch.cli import main
 from kvwatch.config import load_settings
-from kvwatch.lifecycle import _silence_matches
 
 
 @pytest.fixture(autouse=True)

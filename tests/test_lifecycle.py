@@ -1,7 +1,6 @@
 from __future__ import annotations
 
-from kvwatch.config import LifecycleSettings, Silence
-from kvwatch.lifecycle import (
+from kvwatch.alerting.lifecycle import (
     EventKind,
     Incident,
     IncidentKey,
@@ -9,7 +8,8 @@ from kvwatch.lifecycle import (
     Lifecycle,
     open_counts,
 )
-from kvwatch.models import (
+from kvwatch.config import LifecycleSettings, Silence
+from kvwatch.core.models import (
     Diagnosis,
     Evidence,
     FailureMode,
@@ -183,9 +183,9 @@ def test_firing_incident_whose_signals_vanish_stays_open_marked_blind() -> None:
 
 
 def test_blind_incident_shows_in_slack_text_and_alertmanager() -> None:
+    from kvwatch.alerting.sinks import blocks
+    from kvwatch.alerting.sinks.alertmanager import to_alert
     from kvwatch.config import load_settings
-    from kvwatch.notify import blocks
-    from kvwatch.notify.alertmanager import to_alert
 
     life = lc()
     incidents, _ = life.step({}, [result(diag(for_s=0))], 0)

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from support.prom import PROMTOOL, require_binary
 
-from kvwatch.dashboards.queries import numeric_sources
-from kvwatch.dashboards.recording import INFO_RECORD, RECORDS
-from kvwatch.dialects import DIALECTS
-from kvwatch.signals import Signal
+from kvwatch.core.dialects import DIALECTS
+from kvwatch.core.signals import Signal
+from kvwatch.tools.dashboards.queries import numeric_sources
+from kvwatch.tools.dashboards.recording import INFO_RECORD, RECORDS
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "rules" / "prometheus"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from kvwatch.core.models import FailureMode
+from kvwatch.core.rules import SIGNAL_NAMES, default_rules_dir, load_rule_file, load_ruleset
 from kvwatch.errors import ConfigError
-from kvwatch.models import FailureMode
-from kvwatch.ruleset import SIGNAL_NAMES, default_rules_dir, load_rule_file, load_ruleset
 
 GOOD = """\
 version: 1

@@ -9,9 +9,9 @@ import pytest
 from fixtures.core import fleet
 from support.prom import backfill, prometheus
 
-from kvwatch.collect import collect
-from kvwatch.discover import discover
-from kvwatch.promclient import PromClient
+from kvwatch.core.collect import collect
+from kvwatch.core.discover import discover
+from kvwatch.core.promclient import PromClient
 
 pytestmark = pytest.mark.prometheus
 

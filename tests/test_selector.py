@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvwatch.core.selector import Matcher, parse_selector, render_matchers
 from kvwatch.errors import ConfigError, SelectorError
-from kvwatch.selector import Matcher, parse_selector, render_matchers
 
 LABELS = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,12}", fullmatch=True)
 # any text PromQL can hold in a double-quoted string (no NUL; surrogates are not valid UTF-8)

@@ -10,16 +10,16 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from test_lifecycle import diag, result, unknown
 
+from kvwatch.alerting.lifecycle import Event
+from kvwatch.alerting.state import ResilientStore
 from kvwatch.config import Settings, load_settings
+from kvwatch.core.models import Evaluation, TargetResult
+from kvwatch.core.rules import load_ruleset
 from kvwatch.errors import ConfigError, PrometheusUnreachable
-from kvwatch.lifecycle import Event
-from kvwatch.models import Evaluation, TargetResult
-from kvwatch.ruleset import load_ruleset
-from kvwatch.selfmetrics import SelfMetrics
 from kvwatch.service.cycle import Service
 from kvwatch.service.http import HttpServer
 from kvwatch.service.runner import Runner
-from kvwatch.state import ResilientStore
+from kvwatch.service.selfmetrics import SelfMetrics
 
 T0 = 1_800_000_000.0
 

@@ -11,9 +11,9 @@ import requests
 from support.prom import prometheus
 
 from kvwatch.config import load_settings
+from kvwatch.core.models import Target, TargetKey
+from kvwatch.core.shard import Shard, hashmod, parse_shard
 from kvwatch.errors import ConfigError
-from kvwatch.models import Target, TargetKey
-from kvwatch.shard import Shard, hashmod, parse_shard
 
 JOBS = ("vllm", "sglang-prod")
 ADDRS = tuple(f"10.0.{i // 7}.{i}:{8000 + i % 3}" for i in range(30))

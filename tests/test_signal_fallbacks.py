@@ -19,16 +19,16 @@ import numpy as np
 import pytest
 from support.prom import backfill, prometheus
 
-from kvwatch.collect import collect, resolve
 from kvwatch.config import load_settings
-from kvwatch.discover import discover
+from kvwatch.core.collect import collect, resolve
+from kvwatch.core.discover import discover
+from kvwatch.core.frame import FleetData
+from kvwatch.core.models import Target
+from kvwatch.core.pipeline import evaluate
+from kvwatch.core.promclient import PromClient
+from kvwatch.core.rules import load_ruleset
+from kvwatch.core.signals import Signal
 from kvwatch.durations import format_duration
-from kvwatch.fleetdata import FleetData
-from kvwatch.models import Target
-from kvwatch.pipeline import evaluate
-from kvwatch.promclient import PromClient
-from kvwatch.ruleset import load_ruleset
-from kvwatch.signals import Signal
 from kvwatch.sim.corpus import default_end_time
 from kvwatch.sim.fleet import make_targets, simulate
 from kvwatch.sim.openmetrics import write_openmetrics

@@ -6,12 +6,12 @@ from pathlib import Path
 from support.fake_slack import FakeSlack, fake_slack
 from test_lifecycle import FULL_KEY, diag, lc, result
 
+from kvwatch.alerting.lifecycle import Lifecycle
+from kvwatch.alerting.sinks.outbox import drain
+from kvwatch.alerting.sinks.slack import SlackNotifier, SlackWebhookNotifier, route
+from kvwatch.alerting.state import ResilientStore
 from kvwatch.config import Settings, load_settings
-from kvwatch.lifecycle import Lifecycle
-from kvwatch.models import Severity
-from kvwatch.notify.outbox import drain
-from kvwatch.notify.slack import SlackNotifier, SlackWebhookNotifier, route
-from kvwatch.state import ResilientStore
+from kvwatch.core.models import Severity
 
 T0 = 1_800_000_000.0
 
@@ -156,7 +156,7 @@ def test_webhook_mode(tmp_path: Path) -> None:
 
 
 def test_chart_uploaded_to_thread(tmp_path: Path) -> None:
-    from kvwatch.notify.chart import render_png
+    from kvwatch.alerting.sinks.chart import render_png
 
     class Prom:
         url = "http://prom"

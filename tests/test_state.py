@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from test_lifecycle import FULL_KEY, diag, lc, result
 
-from kvwatch.lifecycle import EventKind
-from kvwatch.state import ResilientStore, ThreadRef
+from kvwatch.alerting.lifecycle import EventKind
+from kvwatch.alerting.state import ResilientStore, ThreadRef
 
 
 def _fired():
@@ -71,3 +71,17 @@ def test_write_failure_midway_degrades(tmp_path: Path) -> None:
     store.commit(incidents, [("slack", e) for e in events])
     assert store.disk is None and len(errors) == 1 and "s.db" in errors[0]
     assert store.pending() == 1
+
+
+def test_state_written_before_the_event_emitted_rename_still_loads() -> None:
+    """Old state files name the fields last_notified_at / notified_severity: a restart
+    after the upgrade must still know which incidents had a fire event (so they resolve)."""
+    incidents, _ = _fired()
+    inc = incidents[FULL_KEY]
+    assert inc.event_emitted and inc.last_event_at == 100.0
+    old = inc.to_json()
+    old["last_notified_at"] = old.pop("last_event_at")
+    old["notified_severity"] = old.pop("event_severity")
+    assert type(inc).from_json(old) == inc
+    _, events = lc(hold_down=0).step({FULL_KEY: type(inc).from_json(old)}, [result()], 200.0)
+    assert [e.kind for e in events] == [EventKind.RESOLVE]

@@ -8,7 +8,7 @@ Two backends run the same rules and renderer:
 * ``inprocess`` — no binaries needed: each simulated engine's exposed series (its
   dialect's real names) go through discovery's dialect detection, and every resolved
   source is evaluated on them as its PromQL would be (:mod:`kvwatch.demo.promlite`);
-  the resulting :class:`~kvwatch.fleetdata.FleetData` goes to :func:`kvwatch.diagnose.diagnose`.
+  the resulting :class:`~kvwatch.core.frame.FleetData` goes to :func:`kvwatch.core.diagnose.diagnose`.
 
 Both simulate the same fleet (:mod:`kvwatch.demo.fleet`) ending at the current minute.
 Every process and temp dir the demo starts is removed on exit, error, Ctrl-C or SIGTERM.
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from kvwatch.config import Settings
-    from kvwatch.models import Evaluation
+    from kvwatch.core.models import Evaluation
 
 #: simulated seconds before the evaluation window (engines reach steady state)
 WARMUP_S = 600.0
@@ -92,8 +92,8 @@ def pick_backend(choice: Backend) -> Backend:
 def _cmd(args: argparse.Namespace) -> int:
     from kvwatch.cli import EXIT_OK, EXIT_USAGE
     from kvwatch.config import load_settings
-    from kvwatch.render import to_text
-    from kvwatch.ruleset import load_ruleset
+    from kvwatch.core.report import to_text
+    from kvwatch.core.rules import load_ruleset
 
     settings = load_settings(None, environ={})  # the demo ignores the caller's env/config
     rules = load_ruleset(args.rules or ())

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvwatch.models import TargetKey
+from kvwatch.core.models import TargetKey
 from kvwatch.sim.fleet import DEFAULT_PORT, TargetRun, TargetSpec, make_targets, simulate
 from kvwatch.sim.scenarios import PRESETS
 from kvwatch.sim.vocab import Dialect

@@ -2,7 +2,7 @@
 
 No Prometheus: each simulated engine's series (its dialect's real names, labels and
 buckets, :func:`kvwatch.sim.expose.families`) go through discovery's dialect detection
-(:func:`kvwatch.discover.parse_discovery`) and :func:`kvwatch.collect.resolve`, and each
+(:func:`kvwatch.core.discover.parse_discovery`) and :func:`kvwatch.core.collect.resolve`, and each
 resolved source is evaluated on them the way its PromQL would be
 (:mod:`kvwatch.demo.promlite`). So a dialect's blind spots, units and histogram
 resolution are the same as against a real Prometheus.
@@ -14,17 +14,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvwatch.collect import resolve
 from kvwatch.config import Settings
+from kvwatch.core.collect import resolve
+from kvwatch.core.diagnose import Params, diagnose
+from kvwatch.core.dialects import SourceKind
+from kvwatch.core.discover import parse_discovery
+from kvwatch.core.frame import FleetData
+from kvwatch.core.models import Evaluation, Target
+from kvwatch.core.promclient import Series
+from kvwatch.core.rules import RuleSet
 from kvwatch.demo.fleet import DemoFleet, target_key
 from kvwatch.demo.promlite import Exposed, evaluate_source, expr_fallback
-from kvwatch.diagnose import Params, diagnose
-from kvwatch.dialects import SourceKind
-from kvwatch.discover import parse_discovery
-from kvwatch.fleetdata import FleetData
-from kvwatch.models import Evaluation, Target
-from kvwatch.promclient import Series
-from kvwatch.ruleset import RuleSet
 from kvwatch.sim.expose import families
 from kvwatch.sim.fleet import TargetRun
 

@@ -1,4 +1,4 @@
-"""A dialect :class:`~kvwatch.dialects.Source` evaluated on one simulated engine's exposition.
+"""A dialect :class:`~kvwatch.core.dialects.Source` evaluated on one simulated engine's exposition.
 
 The in-process demo has no Prometheus, so it applies each source's PromQL shape to the
 series the simulated engine exposes (its real names, labels and histogram buckets):
@@ -19,11 +19,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvwatch.collect import cache_info_tokens
+from kvwatch.core.collect import cache_info_tokens
+from kvwatch.core.dialects import Source, SourceKind
+from kvwatch.core.selector import Matcher, parse_selector
+from kvwatch.core.signals import Signal
 from kvwatch.demo.groundtruth import histogram_mean, histogram_quantile, rate
-from kvwatch.dialects import Source, SourceKind
-from kvwatch.selector import Matcher, parse_selector
-from kvwatch.signals import Signal
 from kvwatch.sim.expose import Family, Sample
 from kvwatch.sim.fleet import TargetRun
 

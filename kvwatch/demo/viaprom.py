@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvwatch.config import Settings
+from kvwatch.core.models import Evaluation
+from kvwatch.core.rules import RuleSet
 from kvwatch.errors import KvwatchError
-from kvwatch.models import Evaluation
-from kvwatch.ruleset import RuleSet
 
 if TYPE_CHECKING:
     from kvwatch.demo.fleet import DemoFleet
@@ -23,16 +23,16 @@ if TYPE_CHECKING:
 
 def evaluate_via_prometheus(settings: Settings, rules: RuleSet, seed: int, warmup_s: float,
                             progress: Callable[[str], None]) -> tuple[Evaluation, DemoFleet]:
-    """Backfill the simulated fleet into a throwaway Prometheus and run :func:`kvwatch.pipeline.evaluate`.
+    """Backfill the simulated fleet into a throwaway Prometheus and run :func:`kvwatch.core.pipeline.evaluate`.
 
     Raises KvwatchError when the binaries are missing or promtool/Prometheus fail
     (their log tail in the message); PrometheusError when a query fails.
     """
+    from kvwatch.core.pipeline import evaluate
+    from kvwatch.core.promclient import PromClient
     from kvwatch.demo import fleet_duration, now
     from kvwatch.demo.fleet import SCRAPE_S, simulate_fleet
     from kvwatch.demo.promrun import Scratch, find_binaries
-    from kvwatch.pipeline import evaluate
-    from kvwatch.promclient import PromClient
     from kvwatch.sim.openmetrics import write_openmetrics
 
     binaries = find_binaries()

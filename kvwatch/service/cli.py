@@ -7,7 +7,7 @@ import logging
 import sys
 
 from kvwatch.config import Settings
-from kvwatch.ruleset import RuleSet, load_ruleset
+from kvwatch.core.rules import RuleSet, load_ruleset
 
 log = logging.getLogger("kvwatch.service")
 
@@ -45,9 +45,9 @@ def _load(args: argparse.Namespace) -> tuple[Settings, RuleSet]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from kvwatch.selfmetrics import SelfMetrics
     from kvwatch.service.http import HttpServer
     from kvwatch.service.runner import Runner, RunOptions, build_service, wait_ready_age
+    from kvwatch.service.selfmetrics import SelfMetrics
 
     logging.basicConfig(
         level=getattr(logging, args.log_level), stream=sys.stderr,

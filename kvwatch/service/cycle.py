@@ -13,19 +13,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from kvwatch.alerting.lifecycle import EventKind, Lifecycle
+from kvwatch.alerting.sinks.alertmanager import AlertmanagerSink
+from kvwatch.alerting.sinks.base import Notifier
+from kvwatch.alerting.sinks.console import event_line
+from kvwatch.alerting.sinks.outbox import drain
+from kvwatch.alerting.state import MemoryStore
 from kvwatch.config import Settings
+from kvwatch.core.models import Evaluation
+from kvwatch.core.pipeline import evaluate
+from kvwatch.core.promclient import QueryClient
+from kvwatch.core.rules import RuleSet
 from kvwatch.errors import KvwatchError
-from kvwatch.lifecycle import EventKind, Lifecycle
-from kvwatch.models import Evaluation
-from kvwatch.notify.alertmanager import AlertmanagerSink
-from kvwatch.notify.base import Notifier
-from kvwatch.notify.console import event_line
-from kvwatch.notify.outbox import drain
-from kvwatch.pipeline import evaluate
-from kvwatch.promclient import QueryClient
-from kvwatch.ruleset import RuleSet
-from kvwatch.selfmetrics import SelfMetrics
-from kvwatch.state import MemoryStore
+from kvwatch.service.selfmetrics import SelfMetrics
 
 log = logging.getLogger("kvwatch.service")
 

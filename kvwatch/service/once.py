@@ -12,12 +12,12 @@ import logging
 import sys
 import time
 
+from kvwatch.alerting.lifecycle import EventKind, Lifecycle
+from kvwatch.alerting.sinks.outbox import drain
+from kvwatch.alerting.state import ResilientStore
 from kvwatch.config import Settings
-from kvwatch.lifecycle import EventKind, Lifecycle
-from kvwatch.models import Evaluation
-from kvwatch.notify.outbox import drain
+from kvwatch.core.models import Evaluation
 from kvwatch.service.wiring import make_alertmanager, make_notifiers
-from kvwatch.state import ResilientStore
 
 log = logging.getLogger("kvwatch.service")
 

@@ -19,13 +19,13 @@ from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from kvwatch.alerting.state import MemoryStore, ResilientStore
 from kvwatch.config import Settings
+from kvwatch.core.rules import RuleSet
 from kvwatch.errors import KvwatchError
-from kvwatch.ruleset import RuleSet
-from kvwatch.selfmetrics import SelfMetrics
 from kvwatch.service.cycle import Service
+from kvwatch.service.selfmetrics import SelfMetrics
 from kvwatch.service.wiring import make_alertmanager, make_chart, make_client, make_notifiers
-from kvwatch.state import MemoryStore, ResilientStore
 
 log = logging.getLogger("kvwatch.service")
 

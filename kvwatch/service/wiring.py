@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kvwatch.alerting.sinks.alertmanager import AlertmanagerSink
+from kvwatch.alerting.sinks.base import Notifier
+from kvwatch.alerting.sinks.console import ConsoleNotifier
+from kvwatch.alerting.sinks.slack import ChartMaker, SlackNotifier, SlackWebhookNotifier
 from kvwatch.config import Settings
-from kvwatch.notify.alertmanager import AlertmanagerSink
-from kvwatch.notify.base import Notifier
-from kvwatch.notify.console import ConsoleNotifier
-from kvwatch.notify.slack import ChartMaker, SlackNotifier, SlackWebhookNotifier
-from kvwatch.promclient import PromClient
+from kvwatch.core.promclient import PromClient
 
 
 def make_client(settings: Settings) -> PromClient:
@@ -38,7 +38,7 @@ def make_chart(settings: Settings, client: PromClient) -> ChartMaker | None:
     if not settings.slack.charts:
         return None
     try:
-        from kvwatch.notify.chart import chart_maker
+        from kvwatch.alerting.sinks.chart import chart_maker
     except ImportError:
         return None
     maker: Callable[..., ChartMaker] = chart_maker

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvwatch.quality import Report, score
+from kvwatch.core.quality import Report, score
 from kvwatch.sim.perturb import Variant, lacking
 from kvwatch.sim.vocab import Dialect
 

@@ -1,0 +1,130 @@
+"""The three-valued condition evaluator: one rule's condition tree for one target.
+
+A statistic that cannot be computed (signal not exported, no samples) is
+*unknown*, never 0; ``all`` and ``any`` short-circuit on a deciding child
+whatever unknown siblings would say, and a rule matches only when its condition
+is definitely true. Evidence, margins and (for ``kvwatch explain``) every
+condition are collected on the way.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+
+from kvwatch.core.diagnose.view import TargetView
+from kvwatch.core.models import Condition, Evidence
+from kvwatch.core.rules import Group, Leaf, Rule
+
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
+_NEGATE = {">": "<=", ">=": "<", "<": ">=", "<=": ">", "==": "!=", "!=": "=="}
+
+
+#: latency signals: with no request finished in the span they have no samples, and a
+#: "latency is high" condition is then decided false (nobody waited), not undecidable
+LATENCY_SIGNALS = frozenset(
+    {"ttft_p50", "ttft_p99", "ttft_mean", "queue_p99", "queue_mean", "itl_p99", "ttft_tail_ratio"}
+)
+
+
+class RuleEval:
+    """Evaluates one rule's condition tree for one target, collecting evidence.
+
+    Three-valued (Kleene) logic: a condition whose statistic cannot be computed is
+    unknown. ``points`` records whether a non-guard condition was met (the known evidence
+    points to the rule). With ``explain`` every condition is evaluated (no short-circuit)
+    and recorded.
+    """
+
+    def __init__(self, view: TargetView, rule: Rule, facts: dict[str, float | None], explain: bool = False) -> None:
+        self.view, self.rule, self.facts = view, rule, facts
+        self.evidence: list[Evidence] = []
+        self.margins: list[float] = []
+        self.unknown: set[str] = set()
+        self.points = False
+        self.explain = explain
+        self.conditions: list[Condition] = []
+        self.parts: list[bool | None] = []
+
+    def span(self, leaf: Leaf) -> float:
+        return self.view.p.window_s if leaf.over == "window" else min(self.rule.for_, self.view.p.window_s)
+
+    def _no_requests(self, span: float) -> bool:
+        """True when the target is known to have finished no request in the span."""
+        top = self.view.stat("request_rate", span, "max")
+        return top is not None and top <= 0.0
+
+    def leaf(self, leaf: Leaf, negated: bool = False, path: str = "") -> bool | None:
+        thr = leaf.threshold(self.facts)
+        if leaf.fact is not None:
+            obs, name, stat, window = self.facts.get(leaf.fact), leaf.fact, "value", "now"
+            span = 0.0
+        else:
+            assert leaf.signal is not None
+            span = self.span(leaf)
+            obs = self.view.stat(leaf.signal, span, leaf.stat, leaf.arg)
+            name, window = leaf.signal, fmt_span(span)
+            stat = leaf.stat if leaf.arg is None else f"{leaf.stat}({leaf.arg:g})"
+        if obs is None or thr is None or not math.isfinite(obs):
+            note = ""
+            if leaf.missing != "unknown":
+                result: bool | None = leaf.missing == "true"
+                note = f"no data, counts as {leaf.missing}"
+            elif name in LATENCY_SIGNALS and leaf.op in (">", ">=") and self._no_requests(span):
+                result, note = False, "no request finished: no latency to be high"
+            else:
+                self.unknown.add(name)
+                result = None
+            self._record(path, name, stat, window, leaf, thr, None, result, negated, note)
+            return result
+        ok = bool(_OPS[leaf.op](obs, thr))
+        # under `not`, a leaf that fails is what supports the diagnosis
+        supports = ok != negated
+        op = leaf.op if not negated else _NEGATE[leaf.op]
+        self.evidence.append(Evidence(name, stat, obs, op, thr, window, supports))
+        if supports:
+            self.margins.append(min(1.0, abs(obs - thr) / max(abs(thr), 0.05)))
+            if not negated and not leaf.guard:
+                self.points = True
+        self._record(path, name, stat, window, leaf, thr, obs, ok, negated, "")
+        return ok
+
+    def _record(
+        self, path: str, name: str, stat: str, window: str, leaf: Leaf, thr: float | None,
+        obs: float | None, met: bool | None, negated: bool, note: str,
+    ) -> None:
+        if self.explain:
+            self.conditions.append(
+                Condition(path, name, stat, window, leaf.op, thr, obs, met, leaf.guard, negated, "", note)
+            )
+
+    def node(self, n: Group | Leaf, negated: bool = False, path: str = "when") -> bool | None:
+        if isinstance(n, Leaf):
+            return self.leaf(n, negated, path)
+        if n.not_ is not None:
+            r = self.node(n.not_, not negated, f"{path}.not")
+            return None if r is None else not r
+        # short-circuit: a False child decides `all`, a True child decides `any`,
+        # whatever the unknown siblings would say (three-valued logic)
+        decisive = n.all is None
+        kind = "all" if n.all is not None else "any"
+        unknown = False
+        decided = False
+        for i, child in enumerate(n.all or n.any or ()):
+            r = self.node(child, negated, f"{path}.{kind}[{i}]")
+            if path == "when":
+                self.parts.append(r)
+            if r is decisive:
+                decided = True
+                if not self.explain:
+                    return decisive
+            unknown = unknown or r is None
+        if decided:
+            return decisive
+        return None if unknown else not decisive
+
+
+@functools.lru_cache(maxsize=64)
+def fmt_span(seconds: float) -> str:
+    return f"{seconds / 60:g}m" if seconds >= 60 else f"{seconds:g}s"

@@ -1,0 +1,45 @@
+"""Capacity facts of one target: tokens used and free, tokens per request, headroom, periodicity.
+
+Facts are scalars that rules compare against (``fact: headroom_requests``) and
+that triage text quotes; replica-group facts from :mod:`.groups` are merged in.
+"""
+
+from __future__ import annotations
+
+from kvwatch.core.diagnose.view import TargetView
+from kvwatch.core.statistics.series import safe_ratio
+
+
+def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, float | None]:
+    """Scalar facts used by rules and triage text: capacity math and headroom in tokens and requests."""
+    p = view.p
+    w = p.window_s
+    cap = view.stat("kv_capacity_tokens", w, "last")
+    u_now = view.stat("kv_usage", p.fresh_s, "last")
+    used = None if cap is None or u_now is None else cap * u_now
+    headroom = None if cap is None or u_now is None else cap * (1 - u_now)
+    prompt, gen, reqs = (view.stat(s, w, "mean") for s in ("prompt_tps", "gen_tps", "request_rate"))
+    per_req = None if prompt is None or gen is None else safe_ratio(prompt + gen, reqs)
+    # the periodogram and the swing walk are per series: only swinging pools need them
+    swinging = (view.stat("kv_usage", w, "std") or 0.0) >= 0.05
+    ws = view.stats("kv_usage", w) if swinging else None
+    period = ws.period if ws is not None and (ws.periodicity or 0) >= 0.2 else None
+    cycles = ws.cycles(0.8, 0.4) if ws is not None else (0 if view.stat("kv_usage", w, "count") else None)
+    return {
+        "capacity_tokens": cap,
+        "used_tokens": used,
+        "headroom_tokens": headroom,
+        "tokens_per_request": per_req,
+        "headroom_requests": safe_ratio(headroom, per_req),
+        "capacity_requests": safe_ratio(cap, per_req),
+        "max_running": view.stat("max_running", w, "last"),
+        "ttft_slo": p.ttft_slo_s,
+        "period": period,
+        "period_minutes": None if period is None else period / 60,
+        "kv_cycles": None if cycles is None else float(cycles),
+        "group_size": 1.0,
+        "group_kv_usage_median": None,
+        "group_kv_usage_mean": None,
+        "kv_usage_vs_group": None,
+        **group,
+    }

@@ -1,0 +1,165 @@
+"""The verdict for one target: blind spots, rule checks, matched diagnoses, the state.
+
+A target whose required signals are missing or stale is ``unknown`` (a blind
+spot, never healthy); otherwise every rule is evaluated three-valued, the rule
+outcomes become one verdict per mode and :func:`~.verdicts.decide` picks the
+state by failure-mode precedence.
+"""
+
+from __future__ import annotations
+
+from kvwatch.core.diagnose.conditions import RuleEval
+from kvwatch.core.diagnose.context import TemplateContext
+from kvwatch.core.diagnose.facts import facts_for
+from kvwatch.core.diagnose.verdicts import (
+    PERSISTENT_QUEUE_SPAN_S,
+    StateDecision,
+    decide,
+    mode_verdicts,
+)
+from kvwatch.core.diagnose.view import TargetView
+from kvwatch.core.models import Diagnosis, FailureMode, RuleCheck, Severity, TargetResult, Verdict
+from kvwatch.core.rules import DERIVED_INPUTS, RuleSet
+from kvwatch.core.signals import REQUIRED_SIGNALS, Signal
+from kvwatch.core.templates import Num, render
+
+_ALL_SIGNALS: tuple[Signal, ...] = tuple(Signal)  # iterating an Enum class is slow
+
+
+def _confidence(ev: RuleEval, coverage: float) -> float:
+    base = 0.5 + 0.5 * (sum(ev.margins) / len(ev.margins) if ev.margins else 0.0)
+    return round(max(0.05, min(1.0, base * (0.5 + 0.5 * coverage))), 3)
+
+
+def _healthy(view: TargetView) -> Diagnosis:
+    w = view.p.window_s
+    usage = Num(view.stat("kv_usage", w, "mean"))
+    p90 = Num(view.stat("kv_usage", w, "p90"))
+    waiting = Num(view.stat("waiting", w, "mean"))
+    return Diagnosis(
+        mode=FailureMode.HEALTHY,
+        rule_id="healthy",
+        severity=Severity.INFO,
+        confidence=0.9,
+        summary=f"KV {usage:.0%} used on average (p90 {p90:.0%}), {waiting:.1f} waiting, no failure-mode signature.",
+        evidence=(),
+        triage=("No action needed: busy pools at 60-85% with no queue and no preemptions are healthy.",),
+    )
+
+
+def _unknown(view: TargetView, reason: str, severity: Severity = Severity.WARNING) -> Diagnosis:
+    return Diagnosis(
+        mode=FailureMode.UNKNOWN,
+        rule_id="blind-spot",
+        severity=severity,
+        confidence=1.0,
+        summary=f"Blind spot: {reason}; kvwatch cannot tell this target's state.",
+        evidence=(),
+        triage=(
+            f"Check that {view.target.instance_hint()} is scraped and exports KV-cache metrics "
+            "(vLLM: vllm:kv_cache_usage_perc; SGLang: --enable-metrics; TensorRT-LLM: enable_iter_perf_stats).",
+            "Check the discovery selector and that the engine version's metric names are supported (kvwatch check).",
+        ),
+    )
+
+
+def _undecided(view: TargetView, decision: StateDecision, structural: bool) -> Diagnosis:
+    """The ``unknown`` diagnosis of a target whose rules could not all be decided.
+
+    Warning (an incident once it persists) when the blindness may hide a problem; info
+    when the only gap is a signal this engine version does not export at all.
+    """
+    severity = Severity.WARNING if decision.urgent or not structural else Severity.INFO
+    sigs = ", ".join(decision.blocking)
+    return Diagnosis(
+        mode=FailureMode.UNKNOWN,
+        rule_id="undecidable",
+        severity=severity,
+        confidence=1.0,
+        summary=f"Undecidable: {decision.reason}; kvwatch will not call this target healthy.",
+        evidence=(),
+        triage=(
+            f"Restore the missing signals{f' ({sigs})' if sigs else ''}: check that {view.target.instance_hint()} "
+            "still exports them and that no relabel rule or selector drops them (kvwatch check).",
+            "If this engine version never exports them, enable them where the engine can (e.g. Triton "
+            "--metrics-config histogram_latencies=true for TTFT) or upgrade the engine.",
+            "Run `kvwatch explain` on this target to see every condition that could not be decided.",
+        ),
+    )
+
+
+def _signal_inputs(name: str) -> tuple[str, ...]:
+    return DERIVED_INPUTS.get(name, (name,))
+
+
+def diagnose_target(
+    view: TargetView, rules: RuleSet, group: dict[str, float | None], explain: bool = False
+) -> TargetResult:
+    """Classify one target. ``group`` holds replica facts computed across the fleet;
+    ``explain`` records every condition of every rule (``kvwatch explain``)."""
+    p = view.p
+    sourced = view.data.sourced.get(view.key, set())
+    missing: list[str] = []
+    for sig in _ALL_SIGNALS:
+        if sig not in sourced:
+            missing.append(sig.value)
+        elif not view.stat(sig.value, p.window_s, "count"):
+            missing.append(f"{sig.value} (no data)")
+    facts = facts_for(view, group)
+
+    def blind(reason: str, blocking: tuple[str, ...]) -> TargetResult:
+        return TargetResult(
+            view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(missing), facts, blocking=blocking
+        )
+
+    if view.target.dialect == "stale":
+        reason = "KV usage was reported during the window but no engine metrics exist now (target gone or no longer scraped)"
+        return blind(reason, ("kv_usage",))
+    for sig in REQUIRED_SIGNALS:
+        if sig not in sourced:
+            return blind(f"{sig.value} is not exported", (sig.value,))
+    if not view.stat(Signal.KV_USAGE.value, p.fresh_s, "count"):
+        return blind("no kv_usage samples in the last 5 minutes (stale or gone target)", ("kv_usage",))
+    coverage = view.stat(Signal.KV_USAGE.value, p.window_s, "coverage") or 0.0
+    found: list[Diagnosis] = []
+    checks: list[RuleCheck] = []
+    for rule in rules.rules:
+        ev = RuleEval(view, rule, facts, explain)
+        result = ev.node(rule.when)
+        verdict = Verdict.UNDECIDABLE if result is None else Verdict.MATCHED if result else Verdict.NOT_MATCHED
+        checks.append(
+            RuleCheck(rule.id, rule.mode, rule.cause, verdict, tuple(sorted({i for u in ev.unknown for i in _signal_inputs(u)})),
+                      result is None and ev.points, tuple(ev.conditions), tuple(ev.parts))
+        )
+        if not result:
+            continue
+        span = min(rule.for_, p.window_s)
+        ctx = TemplateContext(view, span, facts)
+        found.append(
+            Diagnosis(
+                mode=rule.mode,
+                rule_id=rule.id,
+                severity=rule.severity,
+                confidence=_confidence(ev, coverage),
+                summary=render(rule.summary, ctx),
+                evidence=tuple(ev.evidence),
+                triage=tuple(render(t, ctx) for t in rule.triage),
+                cause=rule.cause,
+                for_s=rule.for_,
+            )
+        )
+    found.sort(key=lambda d: d.mode.rank)
+    modes = mode_verdicts(checks)
+    queue_span = min(PERSISTENT_QUEUE_SPAN_S, p.window_s)
+    decision = decide(modes, view.stat("waiting", queue_span, "frac_above", 0.5))
+    blocking = decision.blocking
+    if decision.state is FailureMode.UNKNOWN:
+        structural = all(s not in sourced for s in blocking if s in Signal._value2member_map_)
+        found.insert(0, _undecided(view, decision, structural))
+    elif decision.state is FailureMode.HEALTHY:
+        found.append(_healthy(view))
+    blind_rules = [f"rule {c.rule_id} undecidable ({', '.join(c.unknown)})" for c in checks if c.verdict is Verdict.UNDECIDABLE]
+    return TargetResult(
+        view.target, decision.state, tuple(found), tuple(missing + blind_rules), facts,
+        modes=modes, blocking=blocking, checks=tuple(checks),
+    )

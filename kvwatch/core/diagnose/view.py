@@ -1,0 +1,98 @@
+"""The data view of one target: lazy statistics over named spans, with the fleet-wide cache.
+
+:class:`Params` fixes the instant and spans of one evaluation; :class:`TargetView`
+answers "statistic S of signal X over the last N seconds" for one target, from the
+fleet kernels where the statistics registry has one (one numpy pass answers every
+target) and from a per-series walk otherwise (swings, periodogram).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvwatch.core.frame import FleetData
+from kvwatch.core.models import Target
+from kvwatch.core.statistics.fleet import FleetStats
+from kvwatch.core.statistics.registry import REGISTRY
+from kvwatch.core.statistics.series import SeriesStats
+
+
+@dataclass(frozen=True)
+class Params:
+    """Evaluation parameters that are not rules: the instant, spans and SLOs (seconds)."""
+
+    at: float
+    window_s: float
+    step_s: float
+    ttft_slo_s: float = 2.0
+
+    @property
+    def fresh_s(self) -> float:
+        """How recent "now" is: a target with no KV sample in this span is stale (≥ 5 min,
+        Prometheus' default lookback, and at least three evaluation steps)."""
+        return max(3 * self.step_s, 300.0)
+
+
+class TargetView:
+    """Lazy statistics of one target over named spans (``for`` tails and the whole window)."""
+
+    def __init__(
+        self, target: Target, data: FleetData, params: Params, fleet: FleetStats | None = None
+    ) -> None:
+        self.target = target
+        self.key = target.key
+        self.data = data
+        self.p = params
+        self.fleet = fleet if fleet is not None else FleetStats([target.key], data, params.at)
+        self.row = self.fleet.row[target.key]
+        self._cache: dict[tuple[str, float], SeriesStats] = {}
+        self._starts: dict[float, int] = {}
+
+    def stat(self, name: str, span_s: float, stat: str, arg: float | None = None) -> float | None:
+        """One statistic of a signal over the last ``span_s`` seconds (None: not computable).
+
+        Fleet-wide vectorised where possible (one numpy pass answers every target),
+        per series otherwise (swings, periodogram).
+        """
+        entry = REGISTRY.get(stat)
+        if entry is None:
+            raise KeyError(stat)
+        if entry.fleet is not None:
+            vec = self.fleet.vector(name, span_s, stat, arg)
+            if vec is None:
+                return None
+            x = float(vec[self.row])
+            return x if math.isfinite(x) else None
+        st = self.stats(name, span_s)
+        if st is None:
+            return None
+        value = entry.series(st, arg)  # type: ignore[misc]  # every statistic has one or the other
+        return None if value is None else float(value)
+
+    def raw(self, name: str) -> np.ndarray | None:
+        """This target's row of a canonical or derived signal (derived ones are defined once,
+        in :meth:`FleetStats.matrix`)."""
+        m = self.fleet.matrix(name)
+        return None if m is None else m[self.row]
+
+    def stats(self, name: str, span_s: float) -> SeriesStats | None:
+        """The per-series view of one signal over the last ``span_s`` seconds (cached)."""
+        key = (name, span_s)
+        st = self._cache.get(key)
+        if st is None:
+            v = self.raw(name)
+            if v is None:
+                return None
+            i0 = self._start(span_s)
+            st = self._cache[key] = SeriesStats(self.data.grid[i0:], v[i0:], len(v) - i0)
+        return st
+
+    def _start(self, span_s: float) -> int:
+        """Index of the first grid point inside (at − span, at]; the grid is sorted."""
+        i0 = self._starts.get(span_s)
+        if i0 is None:
+            i0 = self._starts[span_s] = int(np.searchsorted(self.data.grid, self.p.at - span_s - 1e-6, side="right"))
+        return i0

@@ -1,0 +1,96 @@
+"""Window statistics of every target at once: one numpy pass per (signal, span, statistic).
+
+The diagnosis core asks the same questions of every target ("share of the last 10
+minutes with KV usage ≥ 0.88"). Answering them per target costs a dozen small numpy
+calls each; stacking each signal into a targets × samples matrix answers them for
+the whole fleet in one call. The kernels live in the statistics registry
+(:mod:`kvwatch.core.statistics.registry`); this module builds the matrices
+(canonical and derived signals) and memoises the answers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvwatch.core.frame import FleetData
+from kvwatch.core.models import TargetKey
+from kvwatch.core.signals import Signal
+from kvwatch.core.statistics.registry import REGISTRY, SpanMatrix
+
+_SIGNALS: dict[str, Signal] = {s.value: s for s in Signal}
+
+
+class FleetStats:
+    """Lazy, memoised per-fleet statistics over spans ending at ``at`` (Unix seconds)."""
+
+    def __init__(self, keys: Sequence[TargetKey], data: FleetData, at: float) -> None:
+        self.keys = list(keys)
+        self.row = {k: i for i, k in enumerate(self.keys)}
+        self.data = data
+        self.at = at
+        self._mats: dict[str, np.ndarray | None] = {}
+        self._vec: dict[tuple[str, float, str, float | None], np.ndarray | None] = {}
+        self._spans: dict[tuple[str, float], SpanMatrix] = {}
+
+    def start(self, span_s: float) -> int:
+        """Index of the first grid point inside (at − span, at]."""
+        return int(np.searchsorted(self.data.grid, self.at - span_s - 1e-6, side="right"))
+
+    def matrix(self, name: str) -> np.ndarray | None:
+        """targets × grid values of a canonical or derived signal (NaN rows for targets without it)."""
+        if name in self._mats:
+            return self._mats[name]
+        m: np.ndarray | None
+        if name == "ttft_tail_ratio":
+            a, b = self.matrix("ttft_p99"), self.matrix("ttft_p50")
+            m = None
+            if a is not None and b is not None:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    m = np.where(b > 0, a / b, np.nan)
+        elif name == "running_vs_cap":
+            a, cap = self.matrix("running"), self.vector("max_running", 0.0, "last")
+            m = None if a is None or cap is None else a / np.where(cap > 0, cap, np.nan)[:, None]
+        else:
+            sig = _SIGNALS.get(name)
+            rows = [self.data.values(k, sig) for k in self.keys] if sig is not None else []
+            m = None
+            if any(r is not None for r in rows):
+                m = np.full((len(self.keys), len(self.data.grid)), np.nan)
+                for i, r in enumerate(rows):
+                    if r is not None:
+                        m[i] = r
+                m[~np.isfinite(m)] = np.nan  # ±Inf are gaps too
+        self._mats[name] = m
+        return m
+
+    def vector(self, name: str, span_s: float, stat: str, arg: float | None = None) -> np.ndarray | None:
+        """One statistic for every target (NaN where it cannot be computed); span 0 = whole grid."""
+        key = (name, span_s, stat, arg)
+        if key not in self._vec:
+            self._vec[key] = self._compute(name, span_s, stat, arg)
+        return self._vec[key]
+
+    def _compute(self, name: str, span_s: float, stat: str, arg: float | None) -> np.ndarray | None:
+        entry = REGISTRY.get(stat)
+        if entry is None or entry.fleet is None:
+            raise KeyError(stat)
+        span = self.span(name, span_s)
+        if span is None:
+            return None
+        with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows are expected
+            return entry.fleet(span, arg)
+
+    def span(self, name: str, span_s: float) -> SpanMatrix | None:
+        """The signal's matrix cut to (at − span, at] (span 0 = whole grid), shared by all kernels."""
+        key = (name, span_s)
+        if key not in self._spans:
+            full = self.matrix(name)
+            if full is None:
+                return None
+            i0 = self.start(span_s) if span_s > 0 else 0
+            self._spans[key] = SpanMatrix(full[:, i0:], self.data.grid[i0:])
+        return self._spans[key]

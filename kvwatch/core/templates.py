@@ -1,0 +1,82 @@
+"""Safe rendering of rule templates: missing numbers print as ``n/a``, never crash."""
+
+from __future__ import annotations
+
+import functools
+import re
+import string
+from collections.abc import Mapping
+from typing import Any
+
+
+class Num:
+    """A number that may be unknown; formats with any numeric spec, ``None`` → ``n/a``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: float | None) -> None:
+        self.value = value
+
+    def __format__(self, spec: str) -> str:
+        if self.value is None:
+            return "n/a"
+        try:
+            return format(self.value, spec)
+        except (ValueError, TypeError):
+            return format(self.value, "g")
+
+    def __str__(self) -> str:
+        return self.__format__("g")
+
+
+Piece = tuple[str, tuple[str, ...] | None, str]
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_template(template: str) -> tuple[Piece, ...]:
+    """Split a template once into (literal, field path, format spec) pieces.
+
+    Raises ``ValueError`` on malformed braces (rule loading reports it).
+    """
+    pieces: list[Piece] = []
+    for literal, field, spec, _conv in string.Formatter().parse(template):
+        path = tuple(field.split(".")) if field else None
+        pieces.append((literal, path, spec or ""))
+    return tuple(pieces)
+
+
+def _resolve(ctx: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    # rule loading checks the grammar (kvwatch.core.rules.check_template); this is the second
+    # line: a dunder or item path never reaches getattr, so no template can walk into internals
+    if any(not p or p.startswith("_") or not p.isidentifier() for p in path):
+        return Num(None)
+    try:
+        obj = ctx[path[0]]
+        for attr in path[1:]:
+            obj = getattr(obj, attr)
+    except (AttributeError, KeyError, IndexError):
+        return Num(None)
+    return obj
+# a unit glued to an unknown number ("n/as", "n/a/s") reads as noise
+_NA_UNIT = re.compile(r"n/a(?:/s|s|%|×)(?=\W|$)")
+
+
+# an optional segment: dropped whole when any number in it is unknown
+_OPTIONAL = re.compile(r"\[\[(.*?)\]\]")
+
+
+def render(template: str, ctx: Mapping[str, Any]) -> str:
+    """Format ``template`` against ``ctx``; unknown values render as ``n/a``.
+
+    Text inside ``[[ ... ]]`` is optional: it is kept (without the brackets) only
+    when every number in it is known, so triage never reads "queue p99 n/a".
+    """
+    out: list[str] = []
+    for literal, path, spec in compile_template(template):
+        out.append(literal)
+        if path is not None:
+            out.append(format(_resolve(ctx, path), spec))
+    text = " ".join("".join(out).split())
+    text = _NA_UNIT.sub("n/a", text)
+    text = _OPTIONAL.sub(lambda m: "" if "n/a" in m.group(1) else m.group(1), text)
+    return " ".join(text.split()).replace(" ,", ",").replace(" ;", ";").replace(" .", ".")

@@ -1,5 +1,0 @@
-"""Grafana dashboards and Prometheus recording rules generated from the engine-dialect table.
-
-``python -m kvwatch.dashboards`` rewrites ``dashboards/*.json`` and
-``rules/prometheus/kvwatch-recording.yaml``; see ``docs/dashboards.md``.
-"""

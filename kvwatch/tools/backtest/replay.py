@@ -1,0 +1,168 @@
+"""Replay the pipeline over history: per step diagnose a window view, then advance the lifecycle.
+
+:func:`replay` is pure (history in memory → result); :func:`run_backtest` adds
+the Prometheus edge (discovery and collection, a fixed number of queries).
+Steps are anchored at ``T1``: ``T1, T1 − step, …`` down to the first one ``≥ T0``,
+so the last step is exactly what ``kvwatch once --at T1`` evaluates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from kvwatch.alerting.lifecycle import Incident, IncidentKey, IncidentState, Lifecycle
+from kvwatch.config import LifecycleSettings, Settings
+from kvwatch.core.diagnose import Params, diagnose
+from kvwatch.core.frame import FleetData
+from kvwatch.core.models import FailureMode, Target, TargetKey
+from kvwatch.core.promclient import QueryClient
+from kvwatch.core.rules import RuleSet
+from kvwatch.core.selector import parse_selector, render_matchers
+from kvwatch.durations import format_duration
+from kvwatch.errors import ConfigError
+from kvwatch.tools.backtest.history import HistorySpec, discover_span, fetch_history
+from kvwatch.tools.backtest.models import BacktestResult, IncidentRecord, TargetTimeline
+from kvwatch.tools.backtest.window import WindowData, first_seen
+
+#: tolerance for "is a multiple of" checks on float seconds
+_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class ReplayParams:
+    """Window, data resolution, SLO and lifecycle settings of the replayed service (seconds)."""
+
+    window_s: float
+    resolution_s: float
+    ttft_slo_s: float
+    lifecycle: LifecycleSettings
+
+
+def step_times(start: float, end: float, step_s: float) -> tuple[float, ...]:
+    """``end − k·step`` for k = n … 0 with every time ≥ ``start`` (oldest first)."""
+    if step_s <= 0 or end < start:
+        raise ConfigError(f"backtest: need step > 0 and --from <= --to (got step {step_s:g}s)")
+    n = math.floor((end - start) / step_s + _EPS)
+    return tuple(end - k * step_s for k in range(n, -1, -1))
+
+
+def check_step(step_s: float, resolution_s: float) -> None:
+    """The backtest step must be a whole multiple of the data resolution (else steps fall off the grid)."""
+    ratio = step_s / resolution_s
+    if step_s <= 0 or abs(ratio - round(ratio)) > 1e-9 or round(ratio) < 1:
+        raise ConfigError(
+            f"--step: got {format_duration(step_s)}, expected a multiple of evaluation.step "
+            f"({format_duration(resolution_s)})"
+        )
+
+
+class _IncidentLog:
+    """Collects fired incidents across lifecycle steps, keyed by (incident key, start)."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[IncidentKey, float], IncidentRecord] = {}
+
+    def observe(self, incidents: dict[IncidentKey, Incident]) -> None:
+        for key, inc in incidents.items():
+            if inc.fired_at is None:
+                continue  # pending only: never raised
+            self.records[(key, inc.started_at)] = IncidentRecord(
+                mode=key.mode,
+                severity=inc.severity,
+                rule=inc.rule_id,
+                pending_at=inc.started_at,
+                opened_at=inc.fired_at,
+                resolved_at=inc.resolved_at if inc.state is IncidentState.RESOLVED else None,
+                resolution=inc.resolution,
+            )
+
+    def for_target(self, key: TargetKey) -> tuple[IncidentRecord, ...]:
+        recs = [r for (k, _), r in self.records.items() if k.target == key]
+        return tuple(sorted(recs, key=lambda r: (r.opened_at, r.mode.rank)))
+
+
+def replay(
+    targets: Sequence[Target],
+    data: FleetData,
+    rules: RuleSet,
+    params: ReplayParams,
+    steps: Sequence[float],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[TargetTimeline, ...]:
+    """Evaluate every step on a window view of ``data``; targets join at their first sample.
+
+    The lifecycle starts empty at the first step, like a service started at ``T0``:
+    a condition already matching then fires after its ``for`` (start earlier to
+    warm up). Assuming it had held all along would fire on every transient at ``T0``.
+    """
+    seen_from = first_seen(data)
+    lifecycle = Lifecycle(params.lifecycle)
+    incidents: dict[IncidentKey, Incident] = {}
+    log = _IncidentLog()
+    times: dict[TargetKey, list[float]] = {t.key: [] for t in targets}
+    states: dict[TargetKey, list[FailureMode]] = {t.key: [] for t in targets}
+    for i, t in enumerate(steps):
+        present = [tg for tg in targets if seen_from.get(tg.key, math.inf) <= t + _EPS]
+        view = WindowData(data, t, params.window_s)
+        p = Params(at=t, window_s=params.window_s, step_s=params.resolution_s, ttft_slo_s=params.ttft_slo_s)
+        results = diagnose(present, view, rules, p)
+        for r in results:
+            times[r.target.key].append(t)
+            states[r.target.key].append(r.state)
+        incidents, _events = lifecycle.step(incidents, results, t)
+        log.observe(incidents)
+        if progress is not None:
+            progress(i + 1, len(steps))
+    return tuple(
+        TargetTimeline(tg, tuple(times[tg.key]), tuple(states[tg.key]), log.for_target(tg.key))
+        for tg in targets
+        if times[tg.key]
+    )
+
+
+def run_backtest(
+    client: QueryClient,
+    settings: Settings,
+    rules: RuleSet,
+    start: datetime,
+    end: datetime,
+    step_s: float | None = None,
+) -> BacktestResult:
+    """Discover and fetch once over ``[start − window, end]``, then replay every step in memory."""
+    ev = settings.evaluation
+    step = ev.step if step_s is None else step_s
+    check_step(step, ev.step)
+    steps = step_times(start.timestamp(), end.timestamp(), step)
+    matchers = render_matchers(parse_selector(settings.discovery.selector, "discovery.selector"))
+    spec = HistorySpec(
+        start=steps[0],
+        end=end.timestamp(),
+        window_s=ev.window,
+        resolution_s=ev.step,
+        rate_window=format_duration(ev.rate_window),
+        latency_window=format_duration(ev.latency_window),
+        user_matchers=matchers,
+        dialects=settings.discovery.dialects,
+        max_concurrency=settings.prometheus.max_concurrency,
+    )
+    before = getattr(getattr(client, "stats", None), "queries", 0)
+    targets = discover_span(client, spec)
+    data = fetch_history(client, targets, spec)
+    queries = getattr(getattr(client, "stats", None), "queries", 0) - before
+    params = ReplayParams(ev.window, ev.step, ev.ttft_slo, settings.lifecycle)
+    timelines = replay(targets, data, rules, params, steps)
+    return BacktestResult(
+        start=start.timestamp(),
+        end=end.timestamp(),
+        step_s=step,
+        window_s=ev.window,
+        resolution_s=ev.step,
+        steps=steps,
+        timelines=timelines,
+        queries=queries,
+        history=data,
+    )

@@ -1,0 +1,93 @@
+"""The statistics registry: one table, and its two implementations agree.
+
+Every statistic with both a fleet kernel and a per-series implementation is
+computed both ways on random matrices with NaN gaps, ±Inf, empty rows and rows
+shorter than the slope/periodogram minimum; results must match (NaN ↔ None).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from kvwatch.core.rules import Leaf
+from kvwatch.core.statistics.registry import REGISTRY, RULE_STATS, SpanMatrix
+from kvwatch.core.statistics.series import MIN_SAMPLES, SeriesStats
+
+BOTH = sorted(n for n, s in REGISTRY.items() if s.fleet is not None and s.series is not None)
+ARGS: dict[str, tuple[float | None, ...]] = {
+    "quantile": (0.0, 0.1, 0.37, 0.9, 1.0),
+    "frac_above": (0.0, 0.5, 0.88),
+    "frac_below": (0.1, 0.5),
+    "frac_near_max": (None, 0.05, 0.2),
+}
+
+
+def _matrix(seed: int, rows: int = 40, cols: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    """Values in [0, 1) (and some counts up to 50), 20 % NaN gaps, a few ±Inf, plus
+    edge rows: all gaps, one sample, fewer than MIN_SAMPLES, constant, negative."""
+    rng = np.random.default_rng(seed)
+    m = rng.random((rows, cols))
+    m[rows // 2 :] *= 50  # counts: frac_near_max's 1-unit floor matters here
+    m[rng.random((rows, cols)) < 0.2] = np.nan
+    m[rng.random((rows, cols)) < 0.02] = np.inf
+    m[0] = np.nan
+    m[1, :-1] = np.nan
+    m[2, : cols - MIN_SAMPLES + 1] = np.nan
+    m[3] = 0.42
+    m[4] = -rng.random(cols)
+    m[5, ::3] = np.nan  # regular gaps
+    t = 1.7e9 + 30.0 * np.arange(cols)
+    return m, t
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", BOTH)
+def test_fleet_kernel_matches_per_series(name: str, seed: int) -> None:
+    m, t = _matrix(seed)
+    # FleetStats.matrix turns ±Inf into gaps before the kernels; SeriesStats drops them itself
+    span = SpanMatrix(np.where(np.isfinite(m), m, np.nan), t)
+    stat = REGISTRY[name]
+    assert stat.fleet is not None and stat.series is not None
+    for arg in ARGS.get(name, (None,)):
+        with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            fleet = stat.fleet(span, arg)
+        assert fleet.shape == (len(m),)
+        for i, row in enumerate(m):
+            one = stat.series(SeriesStats(t, row, len(row)), arg)
+            got = float(fleet[i])
+            where = f"{name}({arg}) row {i}"
+            if one is None:
+                assert math.isnan(got), f"{where}: fleet {got}, per series None"
+            else:
+                assert got == pytest.approx(one, rel=1e-6, abs=1e-9), where
+
+
+def test_parity_covers_the_kernels_that_matter() -> None:
+    """The vectorised statistics the rules lean on are all checked both ways."""
+    assert {"mean", "max", "std", "last", "slope", "p90", "quantile", "frac_above",
+            "frac_near_max", "coverage", "count"} <= set(BOTH)
+
+
+def test_every_statistic_has_an_implementation() -> None:
+    for name, stat in REGISTRY.items():
+        assert stat.fleet is not None or stat.series is not None, name
+        assert stat.name == name
+
+
+def test_rule_validation_reads_the_registry() -> None:
+    assert set(RULE_STATS) == {n for n, s in REGISTRY.items() if s.in_rules}
+    assert "count" not in RULE_STATS  # internal: blind-spot checks
+    for name, needs_arg in RULE_STATS.items():
+        leaf = {"signal": "kv_usage", "stat": name, "op": ">", "value": 0.5}
+        if needs_arg:
+            with pytest.raises(ValueError, match="needs an 'arg'"):
+                Leaf.model_validate(leaf)
+            leaf["arg"] = 0.5
+        assert Leaf.model_validate(leaf).stat == name
+    with pytest.raises(ValueError, match="unknown stat 'count'"):
+        Leaf.model_validate({"signal": "kv_usage", "stat": "count", "op": ">", "value": 0})
