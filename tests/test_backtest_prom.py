@@ -154,3 +154,43 @@ def test_bad_step_is_a_usage_error(prom_url: str, capsys: pytest.CaptureFixture[
     rc = main(["backtest", "--prometheus-url", prom_url, "--from", _iso(T0), "--to", _iso(T1), "--step", "45s"])
     assert rc == 2
     assert "multiple of evaluation.step" in capsys.readouterr().err
+
+
+#: state band colours blended at the chart's alpha (0.18) over white, as a browser shows them
+_BAND_RGB = {"full": (248, 216, 216), "healthy": (217, 238, 217)}
+
+
+def _band_pixels(png: Path, rgb: tuple[int, int, int], tol: int = 6) -> int:
+    from PIL import Image
+
+    img = Image.open(png).convert("RGB")
+    return sum(
+        n for n, px in (img.getcolors(maxcolors=1 << 24) or [])
+        if all(abs(a - b) <= tol for a, b in zip(px, rgb, strict=True))
+    )
+
+
+def test_html_report_renders_in_a_browser(prom_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Open the report the way a user does (headless Chromium) and look at the pixels:
+    the embedded charts decode and show the full phase as a red band next to green healthy bands."""
+    import subprocess
+
+    from support.prom import require_binary
+
+    chromium = require_binary("chromium", "chromium-browser")
+    labels = tmp_path / "labels.yaml"
+    labels.write_text(f"targets:\n  pod-0:8000:\n    - {{from: {_iso(FULL_START)}, to: {_iso(FULL_END)}, mode: full}}\n")
+    html = tmp_path / "report.html"
+    _cli_json(capsys, "backtest", "--prometheus-url", prom_url, "--from", _iso(T0), "--to", _iso(T1),
+              "--format", "json", "--labels", str(labels), "--html", str(html))
+    shot = tmp_path / "report.png"
+    base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+    subprocess.run([*base, "--window-size=1000,1400", f"--screenshot={shot}", html.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    dom = subprocess.run([*base, "--dump-dom", html.as_uri()], check=True, capture_output=True,
+                         timeout=120, text=True).stdout
+    assert "<h1>kvwatch backtest</h1>" in dom and dom.count("data:image/png;base64,") == 2
+    # the first chart is pod-0 (it has the incident): its full band and healthy bands are visible
+    assert _band_pixels(shot, _BAND_RGB["full"]) > 2000
+    assert _band_pixels(shot, _BAND_RGB["healthy"]) > 2000
