@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from support.prom import backfill, prometheus
 
@@ -194,3 +195,30 @@ def test_html_report_renders_in_a_browser(prom_url: str, capsys: pytest.CaptureF
     # the first chart is pod-0 (it has the incident): its full band and healthy bands are visible
     assert _band_pixels(shot, _BAND_RGB["full"]) > 2000
     assert _band_pixels(shot, _BAND_RGB["healthy"]) > 2000
+
+
+def test_samples_export_is_the_history_prometheus_holds(
+    prom_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """``--samples`` writes the replayed history as a tidy CSV (built with prometheus-api-client's
+    MetricRangeDataFrame); its KV values are what Prometheus answers for the raw metric."""
+    out = tmp_path / "samples.csv"
+    t0, t1 = FULL_START, FULL_START + 20 * MIN
+    _cli_json(capsys, "backtest", "--prometheus-url", prom_url, "--from", _iso(t0), "--to", _iso(t1),
+              "--step", "5m", "--format", "json", "--samples", str(out))
+    frame = pd.read_csv(out)
+    assert list(frame.columns) == ["job", "instance", "signal", "ts", "value"]
+    kv = frame[frame["signal"] == "kv_usage"]
+    assert set(kv["instance"]) == {"pod-0:8000", "pod-1:8000"}
+    ts = pd.to_datetime(kv["ts"], utc=True).map(lambda x: x.timestamp())
+    assert ts.min() >= t0 - 30 * MIN and ts.max() == t1  # the window before T0 through T1
+    client = PromClient(prom_url)
+    for inst in ("pod-0:8000", "pod-1:8000"):
+        rows = kv[kv["instance"] == inst]
+        assert len(rows) > 50  # 30 s data resolution over 50 min, not one row per step
+        at = float(ts[rows.index[-1]])
+        [raw] = client.instant(f'vllm:kv_cache_usage_perc{{instance="{inst}"}}', datetime.fromtimestamp(at, tz=UTC))
+        assert rows["value"].iloc[-1] == pytest.approx(float(raw["value"][1]))
+    # pod-0 is in its full phase at the end, pod-1 stays healthy-busy
+    last = kv.groupby("instance")["value"].last()
+    assert last["pod-0:8000"] > last["pod-1:8000"]

@@ -6,13 +6,18 @@ on one grid and derived signals are element-wise. Missing samples are NaN.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from prometheus_api_client import MetricRangeDataFrame
 
 from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.signals import Signal
+
+#: columns of :meth:`FleetData.to_frame`
+FRAME_COLUMNS = ("job", "instance", "signal", "ts", "value")
 
 
 @dataclass
@@ -34,24 +39,27 @@ class FleetData:
         self.series.setdefault(key, {})[signal] = values
 
     def to_frame(self) -> pd.DataFrame:
-        """Tidy frame: one row per (target, signal, timestamp) with a finite value."""
-        rows: list[pd.DataFrame] = []
+        """Tidy frame: one row per (target, signal, timestamp) with a finite value.
+
+        Columns ``job``, ``instance``, ``signal``, ``ts`` (UTC datetimes), ``value``;
+        gaps (NaN, ±Inf) have no row. Each (target, signal) becomes a Prometheus range
+        vector and prometheus-api-client's :class:`MetricRangeDataFrame` tabulates them,
+        so the frame has the shape that library gives any query_range answer.
+        """
+        vectors = []
         for key, sigs in self.series.items():
             for sig, vals in sigs.items():
                 ok = np.isfinite(vals)
-                if not ok.any():
-                    continue
-                rows.append(
-                    pd.DataFrame(
-                        {
-                            "job": key.job,
-                            "instance": key.instance,
-                            "signal": sig.value,
-                            "ts": pd.to_datetime(self.grid[ok], unit="s", utc=True),
-                            "value": vals[ok],
-                        }
-                    )
-                )
-        if not rows:
-            return pd.DataFrame(columns=["job", "instance", "signal", "ts", "value"])
-        return pd.concat(rows, ignore_index=True)
+                if ok.any():
+                    labels = {"job": key.job, "instance": key.instance, "signal": sig.value}
+                    vectors.append({"metric": labels, "values": np.column_stack((self.grid[ok], vals[ok]))})
+        if not vectors:
+            return pd.DataFrame(columns=list(FRAME_COLUMNS))
+        with warnings.catch_warnings():
+            # the library calls set_index(inplace=True), deprecated by pandas 3.1: not ours to fix
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            frame = MetricRangeDataFrame(vectors, ts_as_datetime=False).reset_index()
+        frame["ts"] = pd.to_datetime(frame["timestamp"].astype(float), unit="s", utc=True)
+        frame["value"] = frame["value"].astype(float)
+        return frame[list(FRAME_COLUMNS)]

@@ -4,7 +4,7 @@ kvwatch speaks ``/api/v1/query`` and ``/api/v1/query_range`` directly with
 ``requests`` because it needs what prometheus-api-client's query helpers hide:
 response ``warnings``, the ``errorType``/``error`` body of a failed query, exact
 (sub-second) range bounds, a per-request timeout and a fast path for large matrix
-bodies.
+bodies. (prometheus-api-client serves elsewhere: :meth:`kvwatch.core.frame.FleetData.to_frame`.)
 
 Everything that can go wrong on the wire is mapped onto the
 :class:`~kvwatch.errors.PrometheusError` tree with the URL in the message. The

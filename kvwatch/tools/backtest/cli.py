@@ -27,6 +27,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--labels", metavar="FILE", help="expected modes per target (YAML/JSON) to score against")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with charts")
+    p.add_argument(
+        "--samples", metavar="FILE",
+        help="also write the replayed history as CSV: job, instance, signal, ts (UTC), value; one row per sample",
+    )
     p.set_defaults(func=_cmd_backtest)
 
 
@@ -66,5 +70,7 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
         from kvwatch.tools.backtest.html import write_html
 
         write_html(Path(args.html), result)
+    if args.samples and result.history is not None:
+        result.history.to_frame().to_csv(args.samples, index=False)
     sys.stdout.write(to_json(result) if args.format == "json" else to_text(result))
     return EXIT_OK
