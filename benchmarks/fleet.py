@@ -52,13 +52,13 @@ def ensure_tsdb(size: int, cache: Path, jobs: int) -> Path:
     return tsdb
 
 
-def _cycle(client: Any, settings: Any, rules: Any, at: datetime, prom_pid: int) -> dict[str, float]:
+def _cycle(client: Any, settings: Any, rules: Any, at: datetime, prom_pid: int, evaluator: Any = None) -> dict[str, float]:
     from kvwatch.core.pipeline import evaluate
 
     s = client.stats
     q0, b0, h0 = s.queries, s.bytes_received, s.http_seconds
     p0, c0, w0 = cpu_seconds(prom_pid), time.process_time(), time.perf_counter()
-    ev = evaluate(client, settings, rules, at)
+    ev = (evaluator or evaluate)(client, settings, rules, at)
     wall = time.perf_counter() - w0
     states: dict[str, int] = {}
     for r in ev.results:
@@ -127,6 +127,108 @@ def run_one(size: int, cache: Path, cycles: int, concurrency: int, jobs: int, st
     return out
 
 
+STEADY_INTERVAL_S = 60
+STEADY_CYCLES = 8
+
+
+def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -> dict[str, Any]:
+    """The service's steady state: one full first cycle, then incremental cycles every minute.
+
+    Cycles run at START + 30 min, + 1 min, … (the cached TSDB holds 40 min), each
+    instant aligned to the step as the service aligns it. Next to them, a full fetch
+    (``pipeline.evaluate``) at the last instant, in the same Prometheus.
+    """
+    import gc
+
+    from kvwatch.config import load_settings
+    from kvwatch.core.promclient import PromClient
+    from kvwatch.core.rules import load_ruleset
+    from kvwatch.service.cycle import aligned
+    from kvwatch.service.incremental import IncrementalEvaluator
+
+    tsdb = ensure_tsdb(size, cache, jobs)
+    rules = load_ruleset()
+    first_at = START_S + 30 * 60
+    with run_prometheus(tsdb) as (url, pid):
+        settings = load_settings(None, environ={}, overrides={
+            "prometheus": {"url": url, "timeout": "120s", "max_concurrency": concurrency},
+            "evaluation": {"step": step}})
+        client = PromClient(url, timeout_s=120, retries=0)
+        _cycle(client, settings, rules, aligned(first_at - 300, settings.evaluation.step), pid)  # warm-up
+        inc = IncrementalEvaluator()
+        ats = [aligned(first_at + i * STEADY_INTERVAL_S, settings.evaluation.step) for i in range(STEADY_CYCLES + 1)]
+        first = _cycle(client, settings, rules, ats[0], pid, inc)
+        steady, kinds = [], []
+        for at in ats[1:]:
+            steady.append(_cycle(client, settings, rules, at, pid, inc))
+            kinds.append((inc.last_mode, inc.last_steps, inc.last_discovered))
+        full = [_cycle(client, settings, rules, ats[-1], pid) for _ in range(2)][-1]
+        # memory the service keeps between cycles: the window of every target
+        gc.collect()
+        tracemalloc.start()
+        keep = IncrementalEvaluator()
+        ev = keep(client, settings, rules, ats[-1])
+        del ev
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        arrays = sum(a.nbytes for sigs in keep.data.series.values() for a in sigs.values()) if keep.data else 0
+    med = {k: statistics.median(r[k] for r in steady) for k in ("wall_s", "prom_cpu_s", "kvwatch_cpu_s", "queries", "mbytes")}
+    return {
+        "size": size, "targets": first["targets"], "first_wall_s": first["wall_s"], "first_prom_cpu_s": first["prom_cpu_s"],
+        "steady_wall_s": med["wall_s"], "steady_wall_max_s": max(r["wall_s"] for r in steady),
+        "steady_prom_cpu_s": med["prom_cpu_s"], "steady_kvwatch_cpu_s": med["kvwatch_cpu_s"],
+        "steady_queries": med["queries"], "steady_mbytes": med["mbytes"],
+        "prom_cpu_share": med["prom_cpu_s"] / first["prom_cpu_s"] if first["prom_cpu_s"] else float("nan"),
+        "full_wall_s": full["wall_s"], "full_prom_cpu_s": full["prom_cpu_s"], "full_queries": full["queries"],
+        "kept_kb_per_target": kept / 1024 / max(1, first["targets"]),
+        "arrays_kb_per_target": arrays / 1024 / max(1, first["targets"]),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "cycles": kinds,
+    }
+
+
+def run_shards(size: int, counts: list[int], cache: Path, concurrency: int, jobs: int, step: str) -> dict[str, Any]:
+    """The fleet evaluated whole and in N shards: coverage (union, duplicates) and each shard's cycle."""
+    from kvwatch.config import load_settings
+    from kvwatch.core.promclient import PromClient
+    from kvwatch.core.rules import load_ruleset
+
+    tsdb = ensure_tsdb(size, cache, jobs)
+    rules = load_ruleset()
+    at = datetime.fromtimestamp(START_S + STEP_S * (SAMPLES - 1), tz=UTC)
+    out: dict[str, Any] = {"size": size, "runs": []}
+    with run_prometheus(tsdb) as (url, pid):
+        def settings_for(shard: dict[str, int]) -> Any:
+            return load_settings(None, environ={}, overrides={
+                "prometheus": {"url": url, "timeout": "120s", "max_concurrency": concurrency},
+                "evaluation": {"step": step}, "shard": shard})
+
+        def keys_and_cycle(shard: dict[str, int]) -> tuple[set[tuple[str, str]], dict[str, float]]:
+            from kvwatch.core.pipeline import evaluate
+
+            client = PromClient(url, timeout_s=120, retries=0)
+            ev_keys: set[tuple[str, str]] = set()
+            settings = settings_for(shard)
+            r = _cycle(client, settings, rules, at, pid)
+            ev_keys = {(x.target.key.job, x.target.key.instance) for x in evaluate(client, settings, rules, at).results}
+            return ev_keys, r
+
+        keys_and_cycle({})  # warm-up
+        whole_keys, whole = keys_and_cycle({})
+        out["whole"] = {"targets": len(whole_keys), "wall_s": whole["wall_s"], "prom_cpu_s": whole["prom_cpu_s"]}
+        for n in counts:
+            parts = [keys_and_cycle({"index": i, "count": n}) for i in range(n)]
+            all_keys = [k for ks, _ in parts for k in ks]
+            out["runs"].append({
+                "count": n, "union_equals_fleet": set(all_keys) == whole_keys,
+                "duplicates": len(all_keys) - len(set(all_keys)),
+                "targets": [len(ks) for ks, _ in parts],
+                "wall_s": [r["wall_s"] for _, r in parts], "prom_cpu_s": [r["prom_cpu_s"] for _, r in parts],
+            })
+    return out
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     cols = [
         ("targets", "size", "{:d}"), ("found", "targets", "{:d}"), ("cycle s", "wall_s", "{:.2f}"),
@@ -145,6 +247,35 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _steady_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| targets | first cycle s | first prom CPU s | steady cycle s (median / max) | steady prom CPU s | "
+        "prom CPU vs first | steady kvwatch CPU s | steady queries | steady MB | full-fetch cycle s | "
+        "full prom CPU s | kept KB/target | peak RSS MB |",
+        "|" + "---:|" * 13,
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['size']} | {r['first_wall_s']:.2f} | {r['first_prom_cpu_s']:.2f} | "
+            f"{r['steady_wall_s']:.2f} / {r['steady_wall_max_s']:.2f} | {r['steady_prom_cpu_s']:.2f} | "
+            f"{r['prom_cpu_share']:.0%} | {r['steady_kvwatch_cpu_s']:.2f} | {r['steady_queries']:.0f} | "
+            f"{r['steady_mbytes']:.1f} | {r['full_wall_s']:.2f} | {r['full_prom_cpu_s']:.2f} | "
+            f"{r['kept_kb_per_target']:.1f} | {r['peak_rss_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def _shard_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| targets | shards | union = fleet | duplicates | targets per shard | cycle s per shard | "
+             "prom CPU s per shard | whole-fleet cycle s |", "|" + "---:|" * 8]
+    for r in rows:
+        for run in r["runs"]:
+            lines.append(
+                f"| {r['size']} | {run['count']} | {run['union_equals_fleet']} | {run['duplicates']} | "
+                f"{', '.join(map(str, run['targets']))} | {', '.join(f'{x:.2f}' for x in run['wall_s'])} | "
+                f"{', '.join(f'{x:.2f}' for x in run['prom_cpu_s'])} | {r['whole']['wall_s']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 5000])
@@ -153,9 +284,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="parallel promtool backfills")
     ap.add_argument("--step", default="30s", help="evaluation.step (resolution of range queries)")
     ap.add_argument("--cache", type=Path, default=HERE / ".cache")
+    ap.add_argument("--steady", action="store_true",
+                    help="service steady state: a full first cycle, then incremental cycles every minute")
+    ap.add_argument("--shards", type=int, nargs="+", metavar="N",
+                    help="evaluate each size whole and in N shards (coverage and per-shard cycle)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one size, JSON out
     args = ap.parse_args(argv)
     args.cache.mkdir(parents=True, exist_ok=True)
+    if args.one and args.steady:
+        print(json.dumps(run_steady(args.one, args.cache, args.concurrency, args.jobs, args.step)))
+        return 0
+    if args.one and args.shards:
+        print(json.dumps(run_shards(args.one, args.shards, args.cache, args.concurrency, args.jobs, args.step)))
+        return 0
     if args.one:
         print(json.dumps(run_one(args.one, args.cache, args.cycles, args.concurrency, args.jobs, args.step)))
         return 0
@@ -164,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, __file__, "--one", str(size), "--cycles", str(args.cycles),
                "--concurrency", str(args.concurrency), "--jobs", str(args.jobs), "--cache", str(args.cache),
                "--step", args.step]
+        if args.steady:
+            cmd.append("--steady")
+        if args.shards:
+            cmd += ["--shards", *map(str, args.shards)]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
         if res.returncode != 0:
             print(res.stderr[-3000:], file=sys.stderr)
@@ -171,7 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(res.stderr)
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(f"{size}: {json.dumps(rows[-1])}", file=sys.stderr)
-    print(_table(rows))
+    if args.steady:
+        print(_steady_table(rows))
+    elif args.shards:
+        print(_shard_table(rows))
+    else:
+        print(_table(rows))
     return 0
 
 

@@ -63,6 +63,8 @@ class DiscoverySettings(_Model):
     selector: str = ""
     #: dialect ids to consider (default: all)
     dialects: tuple[str, ...] = ()
+    #: `kvwatch run`: rediscover at least every N cycles; sooner when the count of live engines changes
+    refresh_cycles: int = Field(10, ge=1)
 
 
 class EvaluationSettings(_Model):
@@ -74,6 +76,11 @@ class EvaluationSettings(_Model):
     latency_window: Duration = 600.0
     #: TTFT SLO in seconds used by the misread rules (the tail must exceed it)
     ttft_slo: Duration = 2.0
+    #: `kvwatch run`: keep the window in memory and fetch only the new steps each cycle
+    incremental: bool = True
+    # late samples (scrape duration, remote write, VictoriaMetrics' 30 s latency offset) can still change them
+    #: `kvwatch run`: the last steps re-fetched every cycle besides the new ones (cover late samples)
+    overlap: Duration = 60.0
 
 
 class RulesSettings(_Model):
@@ -158,10 +165,23 @@ class ServerSettings(_Model):
 class ShardSettings(_Model):
     """This replica's share of the fleet (``kvwatch/core/shard.py``): targets with hashmod(job;instance) % count == index."""
 
+    #: this replica's shard, 0 <= index < count (`--shard I/N`)
     index: int = Field(0, ge=0)
+    #: number of shards; each target belongs to hashmod(job;instance) % count
     count: int = Field(1, ge=1)
     #: ``target`` hashes (job, instance) like Prometheus' hashmod; ``group`` hashes (job, model)
     by: Literal["target", "group"] = "target"
+
+
+class HaSettings(_Model):
+    """HA pair (``kvwatch/service/ha.py``): only the leader posts to Slack. Off while ``replica`` is empty."""
+
+    #: this replica's id (unique in the group; the lowest live id leads), e.g. the pod name
+    replica: str = ""
+    #: matchers selecting the group's /metrics series in Prometheus
+    selector: str = '{job="kvwatch"}'
+    #: a replica whose heartbeat is older than this is hung (0: three intervals); a dead one goes stale sooner
+    lease: Duration = 0.0
 
 
 class LinkSettings(_Model):
@@ -181,6 +201,7 @@ class Settings(_Model):
     server: ServerSettings = ServerSettings()
     links: LinkSettings = LinkSettings()
     shard: ShardSettings = ShardSettings()
+    ha: HaSettings = HaSettings()
 
 
 #: Environment variables with fixed names (documented contract) → key path.
@@ -337,10 +358,11 @@ def _check_semantics(s: Settings, source: str) -> None:
             problems.append(
                 Problem(source, "discovery.dialects", f"got {d!r}, expected one of {', '.join(DIALECT_BY_ID)}")
             )
-    try:
-        parse_selector(s.discovery.selector, f"{source}: discovery.selector")
-    except ConfigError as exc:
-        problems.extend(exc.problems)
+    for key, text in (("discovery.selector", s.discovery.selector), ("ha.selector", s.ha.selector)):
+        try:
+            parse_selector(text, f"{source}: {key}")
+        except ConfigError as exc:
+            problems.extend(exc.problems)
     if s.shard.index >= s.shard.count:
         problems.append(
             Problem(source, "shard.index", f"got {s.shard.index}, expected below shard.count ({s.shard.count})")

@@ -201,6 +201,48 @@ def _instant_to_grid(series: Series, n: int) -> np.ndarray:
     return out
 
 
+def query_modes(
+    queries: dict[str, list[tuple[Signal, set[TargetKey], Source]]],
+    range_signals: frozenset[Signal] | None,
+    latency_window: str | None,
+    step_s: float,
+) -> dict[str, str]:
+    """How each planned query is fetched: ``static``, ``coarse`` or ``range``.
+
+    ``static``: signals that only need their value now (pool size, max concurrency, or
+    no rule condition reads them) — one instant query, held over the grid.
+    ``coarse``: histogram quantiles over a long latency window change slowly; sampled
+    every ~1/10 of that window (a multiple of the step) and held between samples.
+    """
+    def instant_only(sig: Signal) -> bool:
+        return SIGNAL_INFO[sig].static or (range_signals is not None and sig not in range_signals)
+
+    hold = _latency_hold(latency_window, step_s)
+    out: dict[str, str] = {}
+    for q, uses in queries.items():
+        if all(instant_only(sig) for sig, _, _ in uses):
+            out[q] = "static"
+        elif hold > 1 and all(src.kind in _LATENCY_KINDS for _, _, src in uses):
+            out[q] = "coarse"
+        else:
+            out[q] = "range"
+    return out
+
+
+def first_coarse_slot(grid: np.ndarray, step_s: float, hold: int) -> int:
+    """Index of the first grid slot that is a coarse (latency) sample slot.
+
+    Coarse slots are the instants whose step number (``t / step``) is a multiple of
+    ``hold``: fixed in absolute time, so a window fetched at any aligned instant —
+    whole or in increments — samples the latency quantiles at the same instants
+    (the newest one is up to ``(hold - 1) * step`` old).
+    """
+    if hold <= 1 or not len(grid):
+        return 0
+    first = int(np.rint(grid[0] / step_s))
+    return (-first) % hold
+
+
 def collect(
     client: QueryClient,
     targets: list[Target],
@@ -229,24 +271,13 @@ def collect(
         data.sourced[t.key] = set(resolve(t))
     queries = plan(targets, user_matchers, rate_window, latency_window)
 
-    # Static signals (pool size, max concurrency) only need their value now: one instant
-    # query instead of a range query over the whole window.
-    def instant_only(sig: Signal) -> bool:
-        return SIGNAL_INFO[sig].static or (range_signals is not None and sig not in range_signals)
-
-    static = {q for q, uses in queries.items() if all(instant_only(sig) for sig, _, _ in uses)}
-
-    # Histogram quantiles over a long latency window change slowly; sampling them at
-    # ~1/10 of that window (a multiple of the step, aligned to the grid) costs
-    # Prometheus a fraction of the full resolution. Values are held between samples.
+    modes = query_modes(queries, range_signals, latency_window, step_s)
+    static = {q for q, m in modes.items() if m == "static"}
+    coarse = {q for q, m in modes.items() if m == "coarse"}
     hold = _latency_hold(latency_window, step_s)
-    coarse = {
-        q for q, uses in queries.items()
-        if hold > 1 and all(src.kind in _LATENCY_KINDS for _, _, src in uses)
-    }
-    k0 = n % hold if hold > 1 else 0
+    k0 = first_coarse_slot(grid, step_s, hold)
     hold_src = _hold_index(len(grid), k0, hold)
-    coarse_start = datetime.fromtimestamp(grid[k0], tz=UTC)
+    coarse_start = datetime.fromtimestamp(grid[min(k0, n)], tz=UTC)
 
     def fetch(q: str, mode: str) -> list[Series]:
         if mode == "static":

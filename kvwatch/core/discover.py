@@ -30,6 +30,20 @@ def discovery_query(user_matchers: str, names: Iterable[str] | None = None) -> s
     return f"group by (__name__, job, instance, {', '.join(_INFO_LABELS)}) ({sel})"
 
 
+def fingerprint_query(user_matchers: str) -> str:
+    """One number that changes when a target appears or goes stale: the live dialect-marker series.
+
+    Every target exports at least one marker name of its dialect, so the count moves
+    when an engine starts or stops being scraped. Far cheaper than discovery (a few
+    series per target, no labels returned): the service asks it every cycle and
+    runs discovery again only when it changes, or every ``discovery.refresh_cycles``
+    cycles for what a count cannot see (metric names or model labels that change).
+    """
+    names = sorted({m for d in DIALECTS for m in d.markers})
+    name_matcher = f'__name__=~"{"|".join(re.escape(n) for n in names)}"'
+    return f"count({selector('', name_matcher, user_matchers)})"
+
+
 def stale_query(user_matchers: str, window_s: float) -> str:
     names = sorted({s.requires[0] for d in DIALECTS for s in d.sources.get(Signal.KV_USAGE, ())})
     w = format_duration(window_s)

@@ -1,7 +1,13 @@
-"""One evaluation: discover → collect → diagnose, with I/O injected."""
+"""One evaluation: discover → collect → diagnose, with I/O injected.
+
+The steps are separate functions so the service's incremental evaluator
+(``kvwatch/service/incremental.py``) runs the same discovery, collection and
+diagnosis on the parts it fetches.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 from kvwatch.config import Settings
@@ -9,7 +15,8 @@ from kvwatch.core.collect import collect, instances_matcher, join_matchers
 from kvwatch.core.diagnose import Params, diagnose
 from kvwatch.core.discover import discover
 from kvwatch.core.explain import explain_keys
-from kvwatch.core.models import Evaluation
+from kvwatch.core.frame import FleetData
+from kvwatch.core.models import Evaluation, Target
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.rules import RuleSet
 from kvwatch.core.selector import parse_selector, render_matchers
@@ -17,36 +24,55 @@ from kvwatch.core.shard import Shard
 from kvwatch.durations import format_duration
 
 
-def evaluate(
-    client: QueryClient, settings: Settings, rules: RuleSet, at: datetime, explain: str | None = None
-) -> Evaluation:
-    """Evaluate every discovered target at ``at``. Raises PrometheusError when Prometheus fails.
+def scope_matchers(settings: Settings) -> str:
+    """The user's ``discovery.selector`` as matchers added to every query."""
+    return render_matchers(parse_selector(settings.discovery.selector, "discovery.selector"))
 
-    ``explain``: a ``job/instance`` (or instance, or part of one) whose every rule condition
-    is recorded for ``kvwatch explain``."""
-    ev = settings.evaluation
-    matchers = render_matchers(parse_selector(settings.discovery.selector, "discovery.selector"))
-    stats = getattr(client, "stats", None)
-    before = getattr(stats, "queries", 0)
-    warnings_before = getattr(stats, "warnings_total", 0)
-    targets = discover(client, at, ev.window, matchers, settings.discovery.dialects)
+
+def find_targets(client: QueryClient, settings: Settings, at: datetime) -> list[Target]:
+    """Discovered targets of this replica's shard (all of them when unsharded)."""
+    targets = discover(client, at, settings.evaluation.window, scope_matchers(settings), settings.discovery.dialects)
     shard = Shard(settings.shard.index, settings.shard.count, settings.shard.by)
-    collect_matchers = matchers
-    if shard.active:  # only this shard's targets, and Prometheus only evaluates their series
-        targets = shard.select(targets)
-        collect_matchers = join_matchers(matchers, instances_matcher([t.key for t in targets]))
-    data = collect(
+    return shard.select(targets) if shard.active else targets
+
+
+def collect_targets(
+    client: QueryClient, settings: Settings, rules: RuleSet, targets: list[Target], at: datetime,
+    window_s: float | None = None, only_these: bool = False,
+) -> FleetData:
+    """Collect ``targets`` over ``window_s`` (default: the evaluation window) ending at ``at``.
+
+    ``only_these`` (always when sharded) restricts every query to these targets'
+    instances, so Prometheus evaluates only their series.
+    """
+    ev = settings.evaluation
+    matchers = scope_matchers(settings)
+    if only_these or settings.shard.count > 1:
+        matchers = join_matchers(matchers, instances_matcher([t.key for t in targets]))
+    return collect(
         client,
         targets,
         at=at,
-        window_s=ev.window,
+        window_s=ev.window if window_s is None else window_s,
         step_s=ev.step,
         rate_window=format_duration(ev.rate_window),
         latency_window=format_duration(ev.latency_window),
         range_signals=rules.condition_signals(),
-        user_matchers=collect_matchers,
+        user_matchers=matchers,
         max_concurrency=settings.prometheus.max_concurrency,
     )
+
+
+def counted(
+    client: QueryClient, settings: Settings, at: datetime,
+    body: Callable[[], tuple[list[Target], FleetData]], rules: RuleSet, explain: str | None = None,
+) -> Evaluation:
+    """Run ``body`` (targets and their data), diagnose, and report this run's queries and warnings."""
+    ev = settings.evaluation
+    stats = getattr(client, "stats", None)
+    before = getattr(stats, "queries", 0)
+    warnings_before = getattr(stats, "warnings_total", 0)
+    targets, data = body()
     params = Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo)
     keys = explain_keys([t.key for t in targets], explain) if explain else frozenset()
     results = diagnose(targets, data, rules, params, explain=keys)
@@ -58,3 +84,17 @@ def evaluate(
         seen = getattr(stats, "warnings", [])
     warnings = tuple(dict.fromkeys(seen))[:10]
     return Evaluation(evaluated_at=at, results=results, window_s=ev.window, queries=queries, warnings=warnings)
+
+
+def evaluate(
+    client: QueryClient, settings: Settings, rules: RuleSet, at: datetime, explain: str | None = None
+) -> Evaluation:
+    """Evaluate every discovered target at ``at``. Raises PrometheusError when Prometheus fails.
+
+    ``explain``: a ``job/instance`` (or instance, or part of one) whose every rule condition
+    is recorded for ``kvwatch explain``."""
+    def body() -> tuple[list[Target], FleetData]:
+        targets = find_targets(client, settings, at)
+        return targets, collect_targets(client, settings, rules, targets, at)
+
+    return counted(client, settings, at, body, rules, explain)

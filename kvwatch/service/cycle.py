@@ -7,6 +7,7 @@ cycle runs. Exactly one summary line per cycle is logged.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -25,9 +26,21 @@ from kvwatch.core.pipeline import evaluate
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.rules import RuleSet
 from kvwatch.errors import KvwatchError
+from kvwatch.service.ha import LEADER_SINKS, Lease
 from kvwatch.service.selfmetrics import SelfMetrics
 
 log = logging.getLogger("kvwatch.service")
+
+
+def aligned(now: float, step_s: float) -> datetime:
+    """The evaluation instant: ``now`` rounded down to a multiple of the step.
+
+    Every range query then starts and ends on the step grid, so a cycle is
+    reproducible (``kvwatch once --at`` with that instant gives the same data) and
+    the results caches of Thanos/Mimir query frontends and VictoriaMetrics hit.
+    """
+    at = math.floor(now / step_s) * step_s if step_s > 0 else now
+    return datetime.fromtimestamp(at, tz=UTC)
 
 
 @dataclass
@@ -66,6 +79,8 @@ class Service:
     alertmanager: AlertmanagerSink | None = None
     clock: Callable[[], float] = time.time
     dry_run: bool = False
+    #: HA pair: only the lease's leader posts to Slack (None: this replica always does)
+    lease: Lease | None = None
     #: the pipeline; injectable so the service is tested without Prometheus
     evaluator: Callable[[QueryClient, Settings, RuleSet, datetime], Evaluation] = evaluate
     lifecycle: Lifecycle = field(init=False)
@@ -97,7 +112,7 @@ class Service:
         q0, e0 = self._queries()
         report = CycleReport(ok=True, duration_s=0.0)
         try:
-            ev = self.evaluator(self.client, self.settings, self.rules, datetime.fromtimestamp(now, tz=UTC))
+            ev = self.evaluator(self.client, self.settings, self.rules, aligned(now, self.settings.evaluation.step))
             self._track(ev, now, report)
         except KvwatchError as exc:
             report.ok, report.error = False, str(exc)
@@ -105,7 +120,11 @@ class Service:
             report.ok, report.error = False, f"{type(exc).__name__}: {exc}"
         if not self.dry_run:
             try:
-                d = drain(self.store, self.notifiers, now, on_result=self.metrics.notified)
+                hold: frozenset[str] = frozenset()
+                if self.lease is not None and self.lease.refresh(self.client, now) == "follower":
+                    self.lease.settle(self.store, self.settings.evaluation.interval)
+                    hold = LEADER_SINKS  # the leader posts these; we keep them until it is gone
+                d = drain(self.store, self.notifiers, now, on_result=self.metrics.notified, hold=hold)
                 report.sent, report.failed = d.sent, d.failed
                 for err in d.errors[:3]:
                     log.warning("kvwatch: notification not delivered, will retry: %s", err)
@@ -123,6 +142,8 @@ class Service:
             self.last_ok_at = self.clock()
             self.metrics.last_cycle.set(self.last_ok_at)
         self.last_report = report
+        if self.lease is not None:
+            self.metrics.ha_heartbeat.labels(replica=self.lease.replica).set(self.clock())
         (log.info if report.ok else log.error)("%s", report.line(self.dry_run))
         return report
 

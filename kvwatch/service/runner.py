@@ -21,9 +21,12 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from kvwatch.alerting.state import MemoryStore, ResilientStore
 from kvwatch.config import Settings
+from kvwatch.core.pipeline import evaluate
 from kvwatch.core.rules import RuleSet
 from kvwatch.errors import KvwatchError
 from kvwatch.service.cycle import Service
+from kvwatch.service.ha import Lease
+from kvwatch.service.incremental import IncrementalEvaluator
 from kvwatch.service.selfmetrics import SelfMetrics
 from kvwatch.service.wiring import make_alertmanager, make_chart, make_client, make_notifiers
 
@@ -54,7 +57,17 @@ def build_service(settings: Settings, rules: RuleSet, opts: RunOptions, metrics:
         metrics=metrics,
         alertmanager=make_alertmanager(settings),
         dry_run=opts.dry_run,
+        # keeps the window between cycles; falls back to a full fetch whenever it must
+        evaluator=IncrementalEvaluator() if settings.evaluation.incremental else evaluate,
+        lease=make_lease(settings),
     )
+
+
+def make_lease(settings: Settings) -> Lease | None:
+    ha = settings.ha
+    if not ha.replica:
+        return None
+    return Lease(ha.replica, ha.selector, ha.lease or 3 * settings.evaluation.interval)
 
 
 class Runner:

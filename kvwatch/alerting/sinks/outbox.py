@@ -37,6 +37,7 @@ def drain(
     now: float,
     *,
     on_result: Callable[[str, str], None] = lambda sink, outcome: None,
+    hold: frozenset[str] = frozenset(),
 ) -> DrainReport:
     """Deliver every due item. An item waits while an earlier one of the same incident and sink is
     undelivered (a resolve never overtakes its fire). ``on_result(sink, "ok"|"error")`` feeds metrics."""
@@ -44,7 +45,7 @@ def drain(
     blocked: set[tuple[str, str]] = set()
     for item in store.due(float("inf")):
         lane = (item.sink, item.event.incident.uid)
-        if lane in blocked or item.next_attempt_at > now:
+        if lane in blocked or item.next_attempt_at > now or item.sink in hold:  # hold: an HA follower's sinks
             blocked.add(lane)
             report.deferred += 1
             continue

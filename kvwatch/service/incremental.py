@@ -1,0 +1,184 @@
+"""Incremental evaluation for ``kvwatch run``: keep the window in memory, fetch what changed.
+
+A full fetch re-evaluates the whole window (30 m) every cycle although only the
+last interval is new. Prometheus evaluates a range query at each step
+independently, so the value at step ``t`` depends only on samples at or before
+``t``; once those have all arrived it never changes. Each cycle therefore
+fetches only the steps since the last cycle plus ``evaluation.overlap`` (steps
+whose samples may still arrive late: scrape duration, remote-write lag,
+VictoriaMetrics' latency offset), shifts the kept window and splices the new
+steps in. The result equals a full fetch at the same instant
+(``tests/test_incremental.py`` checks this against a live-scraped simulator).
+
+* Static signals (instant queries) are re-read every cycle: they are one value.
+* Latency quantiles sampled coarsely are sampled at fixed absolute instants
+  (``core.collect.first_coarse_slot``), and the fetched span starts on one of them,
+  so their held values splice exactly.
+* Discovery runs again when the number of live engine series changes (one cheap
+  ``count``), and at least every ``discovery.refresh_cycles`` cycles for changes
+  a count cannot see (a model label renamed; a stale target leaving the window).
+  Between those, a target that stopped shows up at once (its series go stale, so
+  the count drops); targets whose discovery changed are fetched whole.
+* The first cycle, a gap longer than the window, or any change of the
+  evaluation/discovery/shard settings or the rules' signals fetches everything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from kvwatch.config import Settings
+from kvwatch.core.collect import (
+    _hold_index,
+    _latency_hold,
+    first_coarse_slot,
+    plan,
+    query_modes,
+    resolve,
+)
+from kvwatch.core.discover import fingerprint_query
+from kvwatch.core.frame import FleetData
+from kvwatch.core.models import Evaluation, Target, TargetKey
+from kvwatch.core.pipeline import collect_targets, counted, find_targets, scope_matchers
+from kvwatch.core.promclient import QueryClient
+from kvwatch.core.rules import RuleSet
+from kvwatch.core.signals import Signal
+from kvwatch.durations import format_duration
+
+Modes = dict[tuple[TargetKey, Signal], str]
+
+
+def signal_modes(targets: list[Target], settings: Settings, rules: RuleSet) -> Modes:
+    """How collection fetched each (target, signal): ``static``, ``coarse`` or ``range``."""
+    ev = settings.evaluation
+    lw = format_duration(ev.latency_window)
+    queries = plan(targets, "", format_duration(ev.rate_window), lw)
+    by_query = query_modes(queries, rules.condition_signals(), lw, ev.step)
+    return {(k, sig): by_query[q] for q, uses in queries.items() for sig, keys, _ in uses for k in keys}
+
+
+def splice(old: FleetData, new: FleetData, grid: np.ndarray, modes: Modes, hold_src: np.ndarray) -> FleetData:
+    """``old`` shifted onto ``grid`` with ``new`` (the last ``len(new.grid)`` steps of ``grid``) spliced in.
+
+    ``grid[-1]`` must equal ``new.grid[-1]`` and ``old`` must cover every step of
+    ``grid`` before ``new.grid[0]``. Rows absent from both stay absent, as in a full fetch.
+    """
+    n1 = len(grid)
+    m0 = n1 - len(new.grid)
+    k = int(np.rint((grid[-1] - old.grid[-1]) / (grid[1] - grid[0]))) if n1 > 1 else 0
+    out = FleetData(grid=grid, targets=dict(new.targets), sourced=dict(new.sourced))
+    for key in new.targets:
+        sigs = set(old.series.get(key, {})) | set(new.series.get(key, {}))
+        for sig in sigs:
+            mode = modes.get((key, sig), "range")
+            fresh = new.values(key, sig)
+            if mode == "static":  # one value held over the grid: the newest read is the whole row
+                if fresh is not None:
+                    out.put(key, sig, np.full(n1, fresh[-1]))
+                continue
+            prev = old.values(key, sig)
+            row = np.full(n1, np.nan)
+            if prev is not None and m0 > 0:
+                row[:m0] = prev[k : k + m0]
+            if fresh is not None:
+                row[m0:] = fresh
+            if mode == "coarse":
+                row[hold_src < 0] = np.nan  # before the window's first sample slot nothing is held
+            out.put(key, sig, row)
+    return out
+
+
+@dataclass
+class IncrementalEvaluator:
+    """Drop-in for :func:`kvwatch.core.pipeline.evaluate` that remembers the last window between calls."""
+
+    #: what the last call did: "full", "incremental" or "" before the first call
+    last_mode: str = ""
+    #: steps fetched by the last call (the whole window on a full fetch)
+    last_steps: int = 0
+    last_discovered: bool = False
+    _settings_key: Any = None
+    _targets: list[Target] | None = None
+    _fingerprint: float | None = None
+    _since_discovery: int = 0
+    _data: FleetData | None = None
+    _modes: Modes = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self._targets, self._fingerprint, self._data, self._modes = None, None, None, {}
+
+    @property
+    def data(self) -> FleetData | None:
+        """The window kept in memory (the last evaluation's data)."""
+        return self._data
+
+    def __call__(self, client: QueryClient, settings: Settings, rules: RuleSet, at: datetime) -> Evaluation:
+        return counted(client, settings, at, lambda: self._body(client, settings, rules, at), rules)
+
+    def _discover(self, client: QueryClient, settings: Settings, at: datetime) -> list[Target]:
+        rows = client.instant(fingerprint_query(scope_matchers(settings)), at)
+        try:
+            fp: float | None = float(rows[0]["value"][1]) if rows else 0.0
+        except (KeyError, IndexError, TypeError, ValueError):
+            fp = None  # unreadable: rediscover
+        stale = self._since_discovery + 1 >= settings.discovery.refresh_cycles
+        self.last_discovered = self._targets is None or fp is None or fp != self._fingerprint or stale
+        if self.last_discovered:
+            self._targets = find_targets(client, settings, at)
+            self._fingerprint, self._since_discovery = fp, 0
+        else:
+            self._since_discovery += 1
+        return list(self._targets or [])
+
+    def _body(
+        self, client: QueryClient, settings: Settings, rules: RuleSet, at: datetime
+    ) -> tuple[list[Target], FleetData]:
+        ev = settings.evaluation
+        key = (ev, settings.discovery, settings.shard, scope_matchers(settings), rules.condition_signals())
+        if key != self._settings_key:
+            self.reset()
+            self._settings_key = key
+        targets = self._discover(client, settings, at)
+        step, n = ev.step, int(ev.window // ev.step)
+        end = at.timestamp()
+        grid = end - step * np.arange(n, -1, -1, dtype=float)
+        old, old_targets = self._data, (self._data.targets if self._data is not None else {})
+        advanced = (end - old.grid[-1]) / step if old is not None else -1.0
+        k = int(np.rint(advanced))
+        # overlap in whole steps, then back to a coarse sample slot so held latency values splice exactly
+        m = k + math.ceil(ev.overlap / step)
+        hold = _latency_hold(format_duration(ev.latency_window), step)
+        if hold > 1 and 0 <= m < n:  # step back to a slot whose step number is a multiple of hold
+            m += int(np.rint(grid[n - m] / step)) % hold
+        unchanged = [t for t in targets if old_targets.get(t.key) == t]
+        changed = [t for t in targets if old_targets.get(t.key) != t]
+        full = (
+            old is None or len(old.grid) != n + 1 or k < 0 or abs(advanced - k) > 1e-6
+            or m >= n or len(changed) > len(targets) // 2
+        )
+        if full:
+            data = collect_targets(client, settings, rules, targets, at)
+            self._modes = signal_modes(targets, settings, rules)
+            self.last_mode, self.last_steps = "full", n
+        else:
+            assert old is not None
+            short = collect_targets(client, settings, rules, unchanged, at, window_s=m * step)
+            if changed:
+                self._modes = signal_modes(targets, settings, rules)
+            hold_src = _hold_index(n + 1, first_coarse_slot(grid, step, hold), hold)
+            data = splice(old, short, grid, self._modes, hold_src)
+            if changed:  # new or re-discovered targets: their whole window, only their series
+                whole = collect_targets(client, settings, rules, changed, at, only_these=True)
+                data.series.update(whole.series)
+                data.targets.update(whole.targets)
+            for t in targets:
+                data.sourced[t.key] = set(resolve(t))
+            data.targets = {t.key: t for t in targets}
+            self.last_mode, self.last_steps = "incremental", m
+        self._data = data
+        return targets, data
