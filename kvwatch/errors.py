@@ -24,9 +24,10 @@ class Problem:
 
     def __str__(self) -> str:
         from kvwatch.redact import scrub  # errors is imported by everything; keep the import local
+        from kvwatch.textsafe import printable
 
         where = f"{self.source}: {self.location}" if self.location else self.source
-        return scrub(f"{where}: {self.message}")
+        return printable(scrub(f"{where}: {self.message}"))  # one problem, one line, whatever the input
 
 
 class ConfigError(KvwatchError):

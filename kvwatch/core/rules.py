@@ -344,12 +344,15 @@ def load_ruleset(paths: Iterable[str | Path] = ()) -> RuleSet:
     files: list[Path] = []
     for p in list(paths) or [default_rules_dir()]:
         p = Path(p)
-        if p.is_dir():
-            files.extend(sorted(p.glob("*.y*ml")))
-        elif p.exists():
-            files.append(p)
-        else:
-            raise ConfigError(Problem(str(p), "", "rule file or directory does not exist"))
+        try:
+            if p.is_dir():
+                files.extend(sorted(p.glob("*.y*ml")))
+            elif p.exists():
+                files.append(p)
+            else:
+                raise ConfigError(Problem(str(p), "", "rule file or directory does not exist"))
+        except OSError as exc:  # name too long, permission denied on a parent, ...
+            raise ConfigError(Problem(str(p), "", f"cannot read: {exc.strerror or exc}")) from None
     if not files:
         raise ConfigError(Problem(", ".join(str(p) for p in paths), "", "no *.yaml rule files found"))
     rules: list[Rule] = []
