@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from kvwatch.cli import main
 from kvwatch.config import Settings
-from kvwatch.ruleset import default_rules_dir
+from kvwatch.core.rules import default_rules_dir
 
 SECTIONS = {name: list(f.annotation.model_fields) for name, f in Settings.model_fields.items()}
 HOSTILE_TEXT = st.sampled_from([
