@@ -139,7 +139,8 @@ def test_vllm_labels_engine_and_cache_config() -> None:
     info = [lb for n, lb, _ in rows if n == "vllm:cache_config_info"]
     cfg = engines[0].cfg
     assert info[0]["kv_cache_size_tokens"] == str(cfg.num_blocks * cfg.block_size)
-    assert info[0]["num_gpu_blocks"] == str(cfg.num_blocks) and "model_name" not in info[0]
+    # the real 0.33 front end sums num_gpu_blocks over data-parallel engines (conformance/)
+    assert info[0]["num_gpu_blocks"] == str(2 * cfg.num_blocks) and "model_name" not in info[0]
     reasons = {lb["finished_reason"] for n, lb, _ in rows if n == "vllm:request_success_total"}
     assert reasons == {"stop", "length", "abort", "error", "repetition"}
     by_reason = {lb["reason"] for n, lb, _ in rows if n == "vllm:num_requests_waiting_by_reason"}

@@ -197,6 +197,24 @@ VLLM_SOURCES = _merge(
 )
 
 
+#: labels that tell apart the scheduler ranks of ONE SGLang replica: with
+#: enable_metrics_for_all_schedulers every TP/PP/EP rank exports the same batch (the
+#: real exporter, tests/fixtures/conformance), so counts are taken once per replica
+#: (max over its ranks) and only then summed over replicas (dp_rank) and models.
+_SGLANG_RANKS = "tp_rank, pp_rank, moe_ep_rank, pid"
+
+
+def _sglang_count(metric: str, matchers: str) -> Source:
+    """A per-scheduler count (running, queued): max over ranks, sum over replicas."""
+    return Source(
+        X,
+        metric,
+        matchers,
+        agg="sum",
+        expr=lambda sel, rw: f"sum by ({BY}) (max without ({_SGLANG_RANKS}) ({sel(metric, matchers)}))",
+    )
+
+
 def _sglang(p: str) -> dict[Signal, tuple[Source, ...]]:
     # `priority=""` selects the totals when priority scheduling adds per-priority series.
     pr = 'priority=""'
@@ -206,8 +224,8 @@ def _sglang(p: str) -> dict[Signal, tuple[Source, ...]]:
     return _merge(
         {
             Signal.KV_USAGE: Source(G, f"{p}token_usage", pr),
-            Signal.RUNNING: Source(G, f"{p}num_running_reqs", pr, agg="sum"),
-            Signal.WAITING: Source(G, f"{p}num_queue_reqs", pr, agg="sum"),
+            Signal.RUNNING: _sglang_count(f"{p}num_running_reqs", pr),
+            Signal.WAITING: _sglang_count(f"{p}num_queue_reqs", pr),
             Signal.PREEMPTIONS: (
                 Source(C, f"{p}num_retracted_requests_total", agg="sum"),
                 Source(G, f"{p}num_retracted_reqs", agg="sum"),

@@ -121,7 +121,7 @@ def evaluate_source(src: Source, exposed: Exposed, rate_window: float, latency_w
 def expr_fallback(sig: Signal, run: TargetRun, rate_window: float) -> np.ndarray | None:
     """What the dialects' ``EXPR`` sources compute, read from ground truth: capacity
     (blocks x block size, or used tokens / usage) is the pool size; waiting (queued plus
-    active-but-unscheduled) is the engine's waiting count; Triton's queue mean is
+    active-but-unscheduled) and running are the engine's counts; Triton's queue mean is
     queue-time over successes."""
     tr = run.traces[0]
     t = np.asarray(run.wall_times, dtype=float)
@@ -130,6 +130,8 @@ def expr_fallback(sig: Signal, run: TargetRun, rate_window: float) -> np.ndarray
         return np.full(len(t), float(tr.config.kv_tokens))
     if sig is Signal.WAITING:
         return np.asarray(view.g["waiting"], dtype=float)
+    if sig is Signal.RUNNING:  # SGLang: max over the scheduler ranks, summed over replicas
+        return np.asarray(view.g["running"], dtype=float)
     if sig is Signal.QUEUE_MEAN:
         done = np.asarray(view.c["success_stop"], dtype=float) + np.asarray(view.c["success_length"], dtype=float)
         return histogram_mean(np.asarray(view.c["queue_us"], dtype=float) / 1e6, done, t, rate_window)

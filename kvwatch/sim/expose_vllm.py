@@ -41,9 +41,17 @@ VARIANTS: dict[Dialect, _Variant] = {
                                   ("stop", "length", "abort"), False, v0=True),
 }
 _REASON_COUNTER = {"stop": "success_stop", "length": "success_length", "abort": "aborted"}
+# V1 drops a request whose client went away (abort in the API server) without finished
+# stats, so the simulator's client timeouts never reach finished_reason="abort" there
+# (vllm/v1/engine/output_processor.py abort_requests; checked with the real logger in
+# conformance/). V0 is left as it was (not checked against its exporter).
+_V1_REASON_COUNTER = {"stop": "success_stop", "length": "success_length"}
 
 
-def _cache_config(d: Dialect, view: EngineView, engine: str | None) -> Labels:
+def _cache_config(d: Dialect, view: EngineView, engine: str | None, engines: int = 1) -> Labels:
+    """Labels of vllm:cache_config_info; ``engines``: data-parallel engines behind the
+    endpoint (0.33's front end sums num_gpu_blocks over them, kv_cache_size_tokens stays
+    per engine: vllm/v1/engine/core_client.py, checked in conformance/)."""
     cfg = view.config
     labels = {"block_size": str(cfg.block_size), "cache_dtype": "auto",
               "gpu_memory_utilization": "0.9", "num_cpu_blocks": "None",
@@ -58,6 +66,7 @@ def _cache_config(d: Dialect, view: EngineView, engine: str | None) -> Labels:
     if d is Dialect.VLLM_0_8_2:  # the num_gpu_blocks="None" bug of V1 0.8.x (vllm #16560)
         labels.update(num_gpu_blocks="None", swap_space_bytes="4294967296")
     if d is Dialect.VLLM_0_33:
+        labels["num_gpu_blocks"] = str(cfg.num_blocks * engines)
         tokens = cfg.num_blocks * cfg.block_size
         labels.update(kv_cache_size_tokens=str(tokens),
                       kv_cache_max_concurrency=f"{tokens / cfg.max_model_len:.2f}")
@@ -113,7 +122,7 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
             f.gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                     lb, g["usage"])
         f.gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                _cache_config(d, view, engine), 1.0)
+                _cache_config(d, view, engine, len(views)), 1.0)
         f.counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
                   lb, c["preemptions"])
         if v.prefix:
@@ -143,10 +152,11 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
                   c["prompt_tokens"])
         f.counter("vllm:generation_tokens_total", "Number of generation tokens processed.", lb,
                   c["generation_tokens"])
+        reason_counter = _REASON_COUNTER if v.v0 else _V1_REASON_COUNTER
         for reason in v.reasons:
             f.counter("vllm:request_success_total", "Count of successfully processed requests.",
                       (*lb, ("finished_reason", reason)),
-                      c[_REASON_COUNTER[reason]] if reason in _REASON_COUNTER else 0.0)
+                      c[reason_counter[reason]] if reason in reason_counter else 0.0)
         f.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", lb, view,
                     "prompt_tokens", tok_b)
         f.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", lb,

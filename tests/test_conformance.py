@@ -1,0 +1,178 @@
+"""Fixtures written by the engines' own exporter code (conformance/) read by kvwatch.
+
+``conformance/regenerate`` replayed simulator timelines through vLLM's and SGLang's real
+Prometheus code; the expositions are committed under tests/fixtures/conformance/. Here,
+with no engine installed, a real Prometheus holds them and kvwatch must:
+
+- recognise each fixture's engine and dialect from the names alone and resolve its signals;
+- give the same state through the real exporter's series as through the simulator's
+  hand-written exposition of the same timeline (same preset, seed and instants);
+- read the same waiting/running counts when every SGLang TP rank exports as with one rank;
+- be read with the dialect table the fixtures were made against (else: regenerate).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from support.prom import backfill, prometheus
+
+from conformance import fixtures as fx
+from conformance import om
+from kvwatch.collect import resolve
+from kvwatch.config import load_settings
+from kvwatch.pipeline import evaluate
+from kvwatch.promclient import PromClient
+from kvwatch.ruleset import load_ruleset
+from kvwatch.signals import Signal
+from kvwatch.sim.fleet import make_targets, simulate
+from kvwatch.sim.openmetrics import write_openmetrics
+
+pytestmark = pytest.mark.prometheus
+
+#: signals every real exposition of these engines must resolve
+CORE = {Signal.KV_USAGE, Signal.RUNNING, Signal.WAITING, Signal.PREEMPTIONS, Signal.TTFT_P99,
+        Signal.TTFT_MEAN, Signal.QUEUE_MEAN, Signal.ITL_P99, Signal.GEN_TPS,
+        Signal.PROMPT_TPS, Signal.REQUEST_RATE}
+SIM_JOB = "conformance-sim"
+
+
+def _series() -> dict[str, tuple[dict[str, str], Path]]:
+    out = {}
+    for path in fx.fixtures():
+        if path.name.endswith(".prom"):
+            continue
+        head = fx.header(path)
+        out[head["instance"]] = (head, path)
+    return out
+
+
+def _snapshots() -> dict[str, tuple[dict[str, str], Path]]:
+    out = {}
+    for path in fx.fixtures():
+        if path.name.endswith(".prom"):
+            head = fx.header(path)
+            out[path.name.removesuffix(".prom")] = (head, path)
+    return out
+
+
+def _hand_written(series: dict[str, tuple[dict[str, str], Path]], work: Path
+                  ) -> dict[str, str]:
+    """Simulate each distinct timeline once; fixture instance → hand-written instance."""
+    runs, pairs = {}, {}
+    for inst, (h, _) in series.items():
+        key = (h["sim_preset"], h["sim_dialect"], int(h["seed"]), int(h["data_parallel"]))
+        if key not in runs:
+            (spec, *_) = make_targets(key[0], key[1], key[2],
+                                      run_s=300.0 + float(h["duration_s"]),
+                                      data_parallel=key[3])
+            runs[key] = simulate(spec, duration_s=float(h["duration_s"]),
+                                 end_time=float(h["end_time"]),
+                                 scrape_interval_s=float(h["interval_s"]))
+        pairs[inst] = runs[key].spec.instance()
+    write_openmetrics(list(runs.values()), work / "sim.om", job=SIM_JOB)
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory):
+    series, snaps = _series(), _snapshots()
+    assert series, f"no conformance fixtures in {fx.FIXTURES}; run conformance/regenerate"
+    work = tmp_path_factory.mktemp("conformance")
+    tsdb = work / "tsdb"
+    for inst, (_, path) in series.items():
+        (work / f"{inst}.om").write_text(fx.openmetrics_body(path), encoding="utf-8")
+        backfill(work / f"{inst}.om", tsdb)
+    pairs = _hand_written(series, work)
+    backfill(work / "sim.om", tsdb)
+    # snapshots: the same body as four scrapes, 15 s apart, ending at the series' end
+    end = max(float(h["end_time"]) for h, _ in series.values())
+    snap_scrapes = {(("instance", name), ("job", "conformance-snapshot")):
+                    [om.Scrape(end - 45 + 15 * i, fx.split(p)[1]) for i in range(4)]
+                    for name, (_, p) in snaps.items()}
+    if snap_scrapes:
+        om.write(snap_scrapes, work / "snap.om")
+        backfill(work / "snap.om", tsdb)
+    at = datetime.fromtimestamp(end, tz=UTC)
+    with prometheus(tsdb) as url:
+        client = PromClient(url, timeout_s=60)
+        settings = load_settings(None, environ={}, overrides={"prometheus": {"url": url}})
+        ev = evaluate(client, settings, load_ruleset(), at)
+        results = {r.target.key.instance: r for r in ev.results}
+        yield {"series": series, "snaps": snaps, "pairs": pairs, "results": results,
+               "client": client, "at": at}
+
+
+def test_fixtures_cover_the_acceptance_set() -> None:
+    """vLLM 0.33, an older vLLM and SGLang 0.5.x, each as a snapshot and healthy/full series."""
+    have = {(h["engine"], h["version"], h["variant"], h["scenario"])
+            for h, _ in [*_series().values(), *_snapshots().values()]}
+    versions = {(e, v) for e, v, _, _ in have}
+    assert ("vllm", "0.33.0") in versions
+    assert any(e == "vllm" and v != "0.33.0" for e, v in versions), versions
+    assert any(e == "sglang" and v.startswith("0.5.") for e, v in versions), versions
+    for engine, version in versions:
+        for scenario in ("healthy", "full", "full-last-scrape"):
+            assert (engine, version, "default", scenario) in have, (engine, version, scenario)
+
+
+def test_every_fixture_is_recognised_from_names_alone(world) -> None:
+    results = world["results"]
+    named = {**{i: h for i, (h, _) in world["series"].items()},
+             **{n: h for n, (h, _) in world["snaps"].items()}}
+    for inst, head in named.items():
+        r = results.get(inst)
+        assert r is not None, f"{inst}: not discovered"
+        t = r.target
+        assert t.engine == head["engine"], (inst, t.engine)
+        assert t.dialect in head["dialects"].split(","), (inst, t.dialect)
+        missing = CORE - set(resolve(t))
+        assert not missing, f"{inst}: unresolved {sorted(s.value for s in missing)}"
+
+
+def test_real_and_hand_written_expositions_give_the_same_state(world) -> None:
+    results, rows, wrong = world["results"], [], []
+    for inst, (head, _) in sorted(world["series"].items()):
+        real = results[inst]
+        sim = results[world["pairs"][inst]]
+        rows.append(f"{head['engine']} {head['version']} {head['variant']:8s} "
+                    f"{head['scenario']:8s} real={real.state.value:10s} "
+                    f"hand-written={sim.state.value}")
+        if real.state != sim.state:
+            wrong.append(inst)
+    print("\n" + "\n".join(rows))
+    assert not wrong, "\n".join(rows)
+
+
+def _signal_value(world, inst: str, signal: Signal) -> float:
+    target = world["results"][inst].target
+    src = resolve(target)[signal]
+    q = src.promql(f'instance="{inst}"', "2m")
+    rows = world["client"].instant(q, world["at"])
+    assert len(rows) == 1, (inst, signal, q, rows)
+    return float(rows[0]["value"][1])
+
+
+def test_sglang_all_tp_ranks_read_like_one_rank(world) -> None:
+    """enable_metrics_for_all_schedulers: every rank exports the same batch (issue 14, 6)."""
+    tp = {i: h for i, (h, _) in world["series"].items()
+          if h["engine"] == "sglang" and h["variant"] == "tp2"}
+    assert tp, "no SGLang tp2 fixture"
+    for inst in tp:
+        one = inst.replace("-tp2-", "-")
+        for signal in (Signal.RUNNING, Signal.WAITING):
+            many, single = _signal_value(world, inst, signal), _signal_value(world, one, signal)
+            assert many == single, f"{inst} {signal.value}: {many} with 2 ranks, {single} with 1"
+
+
+def test_fixtures_are_newer_than_the_dialect_table_that_reads_them() -> None:
+    stale = []
+    for path in fx.fixtures():
+        head = fx.header(path)
+        now = fx.dialect_fingerprint(head["dialects"].split(","))
+        if head["dialect_fingerprint"] != now:
+            stale.append(f"{path.name} (made against {head['dialect_fingerprint']}, now {now})")
+    assert not stale, ("the dialect table changed after these fixtures were made; run "
+                       "conformance/regenerate (see conformance/README.md): " + ", ".join(stale))
