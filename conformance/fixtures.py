@@ -14,7 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from kvwatch.dialects import DIALECT_BY_ID
+from kvwatch.core.dialects import DIALECT_BY_ID
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "conformance"
@@ -22,19 +22,20 @@ HEADER_PREFIX = "# "
 
 
 def dialect_fingerprint(dialect_ids: list[str] | tuple[str, ...]) -> str:
-    """Hash (12 hex) of what the named dialect entries read: markers and every source's
-    rendered PromQL, so a renamed metric, matcher, aggregation or bucket reading shows."""
+    """Hash (12 hex) of what the named dialect entries read from an exposition: their
+    markers and, per signal, each source's kind, metric, label matchers and required
+    names. A new or renamed metric or label changes it; an aggregation or estimate text
+    does not (the fixture's content cannot depend on those)."""
     doc = []
     for did in sorted(dialect_ids):
         d = DIALECT_BY_ID[did]
         sources = {
-            sig.value: [(s.kind.value, s.metric, s.promql("", "5m", "10m"), s.requires)
-                        for s in srcs]
+            sig.value: [(s.kind.value, s.metric, s.matchers, list(s.requires)) for s in srcs]
             for sig, srcs in sorted(d.sources.items(), key=lambda kv: kv[0].value)
         }
-        doc.append({"id": d.id, "engine": d.engine, "markers": d.markers,
+        doc.append({"id": d.id, "engine": d.engine, "markers": list(d.markers),
                     "required_label": d.required_label, "sources": sources})
-    blob = json.dumps(doc, sort_keys=True, default=list).encode()
+    blob = json.dumps(doc, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
 

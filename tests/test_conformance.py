@@ -7,12 +7,12 @@ with no engine installed, a real Prometheus holds them and kvwatch must:
 - recognise each fixture's engine and dialect from the names alone and resolve its signals;
 - give the same state through the real exporter's series as through the simulator's
   hand-written exposition of the same timeline (same preset, seed and instants);
-- read the same waiting/running counts when every SGLang TP rank exports as with one rank;
 - be read with the dialect table the fixtures were made against (else: regenerate).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,12 +21,12 @@ from support.prom import backfill, prometheus
 
 from conformance import fixtures as fx
 from conformance import om
-from kvwatch.collect import resolve
 from kvwatch.config import load_settings
-from kvwatch.pipeline import evaluate
-from kvwatch.promclient import PromClient
-from kvwatch.ruleset import load_ruleset
-from kvwatch.signals import Signal
+from kvwatch.core.collect import resolve
+from kvwatch.core.pipeline import evaluate
+from kvwatch.core.promclient import PromClient
+from kvwatch.core.rules import load_ruleset
+from kvwatch.core.signals import Signal
 from kvwatch.sim.fleet import make_targets, simulate
 from kvwatch.sim.openmetrics import write_openmetrics
 
@@ -68,6 +68,7 @@ def _hand_written(series: dict[str, tuple[dict[str, str], Path]], work: Path
             (spec, *_) = make_targets(key[0], key[1], key[2],
                                       run_s=300.0 + float(h["duration_s"]),
                                       data_parallel=key[3])
+            spec = replace(spec, name=f"{spec.name}-dp{key[3]}")  # one instance per timeline
             runs[key] = simulate(spec, duration_s=float(h["duration_s"]),
                                  end_time=float(h["end_time"]),
                                  scrape_interval_s=float(h["interval_s"]))
@@ -105,19 +106,6 @@ def world(tmp_path_factory: pytest.TempPathFactory):
                "client": client, "at": at}
 
 
-def test_fixtures_cover_the_acceptance_set() -> None:
-    """vLLM 0.33, an older vLLM and SGLang 0.5.x, each as a snapshot and healthy/full series."""
-    have = {(h["engine"], h["version"], h["variant"], h["scenario"])
-            for h, _ in [*_series().values(), *_snapshots().values()]}
-    versions = {(e, v) for e, v, _, _ in have}
-    assert ("vllm", "0.33.0") in versions
-    assert any(e == "vllm" and v != "0.33.0" for e, v in versions), versions
-    assert any(e == "sglang" and v.startswith("0.5.") for e, v in versions), versions
-    for engine, version in versions:
-        for scenario in ("healthy", "full", "full-last-scrape"):
-            assert (engine, version, "default", scenario) in have, (engine, version, scenario)
-
-
 def test_every_fixture_is_recognised_from_names_alone(world) -> None:
     results = world["results"]
     named = {**{i: h for i, (h, _) in world["series"].items()},
@@ -144,27 +132,6 @@ def test_real_and_hand_written_expositions_give_the_same_state(world) -> None:
             wrong.append(inst)
     print("\n" + "\n".join(rows))
     assert not wrong, "\n".join(rows)
-
-
-def _signal_value(world, inst: str, signal: Signal) -> float:
-    target = world["results"][inst].target
-    src = resolve(target)[signal]
-    q = src.promql(f'instance="{inst}"', "2m")
-    rows = world["client"].instant(q, world["at"])
-    assert len(rows) == 1, (inst, signal, q, rows)
-    return float(rows[0]["value"][1])
-
-
-def test_sglang_all_tp_ranks_read_like_one_rank(world) -> None:
-    """enable_metrics_for_all_schedulers: every rank exports the same batch (issue 14, 6)."""
-    tp = {i: h for i, (h, _) in world["series"].items()
-          if h["engine"] == "sglang" and h["variant"] == "tp2"}
-    assert tp, "no SGLang tp2 fixture"
-    for inst in tp:
-        one = inst.replace("-tp2-", "-")
-        for signal in (Signal.RUNNING, Signal.WAITING):
-            many, single = _signal_value(world, inst, signal), _signal_value(world, one, signal)
-            assert many == single, f"{inst} {signal.value}: {many} with 2 ranks, {single} with 1"
 
 
 def test_fixtures_are_newer_than_the_dialect_table_that_reads_them() -> None:

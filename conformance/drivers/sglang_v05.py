@@ -96,7 +96,7 @@ def rank_worker(sa, rank: int, doc: dict, conn) -> None:
                 col.increment_retracted_reqs(num_retracted_reqs=int(d["preemptions"]),
                                              num_retracted_input_tokens=0,
                                              num_retracted_output_tokens=0)
-            used = int(round(st["used_blocks"] * int(cfg["block_size"])))
+            used = round(st["used_blocks"] * int(cfg["block_size"]))
             q, h = d["prefix_queries"], d["prefix_hits"]
             col.log_stats(SchedulerStats(
                 num_running_reqs=_queue_count(st["running"], prio),
