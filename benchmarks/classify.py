@@ -38,19 +38,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support.prom import backfill, prometheus
 
 
-def run(work: Path, *, targets: int, seeds: list[int], share: float, variants: tuple[perturb.Variant, ...]
-        ) -> tuple[dict, HonestReport, set[tuple[str, str]], dict[str, float]]:
-    """Build, backfill, evaluate and score; returns (manifest, report, static-alert keys, timings)."""
+def run(work: Path, *, targets: int, seeds: list[int], share: float, variants: tuple[perturb.Variant, ...],
+        reuse: bool = False, rules: tuple[str, ...] = ()) -> tuple[dict, HonestReport, set[tuple[str, str]], dict[str, float]]:
+    """Build, backfill, evaluate and score; returns (manifest, report, static-alert keys, timings).
+    ``reuse``: evaluate the corpus already in ``work`` (kept by an earlier ``--out``)."""
     t0 = time.monotonic()
-    doc = build(work, n=targets, seeds=seeds, variants=variants, share=share)
-    t1 = time.monotonic()
-    backfill(work / "fleet.om", work / "tsdb")
-    (work / "fleet.om").unlink()
-    t2 = time.monotonic()
+    if reuse:
+        doc = json.loads((work / "manifest.json").read_text())
+        variants = tuple(perturb.Variant(**{k: v[k] for k in ("name", "drop", "every", "gaps", "reset", "churn")})
+                         for v in doc["variants"])
+        t1 = t2 = time.monotonic()
+    else:
+        doc = build(work, n=targets, seeds=seeds, variants=variants, share=share)
+        t1 = time.monotonic()
+        backfill(work / "fleet.om", work / "tsdb")
+        (work / "fleet.om").unlink()
+        t2 = time.monotonic()
     at = datetime.fromtimestamp(doc["end_unix"], tz=UTC)
     with prometheus(work / "tsdb") as url:
         client = PromClient(url, timeout_s=300)
-        ev = evaluate(client, load_settings(None, environ={}), load_ruleset(), at)
+        ev = evaluate(client, load_settings(None, environ={}), load_ruleset(rules), at)
         t3 = time.monotonic()
         fired = static_baseline_targets(client, at)
     results = {}
@@ -133,12 +140,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--share", type=float, default=0.3, help="share of targets written under each perturbation")
     ap.add_argument("--base-only", action="store_true", help="no perturbed variants")
     ap.add_argument("--out", help="keep the corpus and a JSON result here (default: a temp dir, removed)")
+    ap.add_argument("--reuse", metavar="DIR", help="re-evaluate a corpus kept with --out (rules changed, data not)")
+    ap.add_argument("--rules", nargs="+", default=[], help="rule files or directories (default: the bundled rules)")
     args = ap.parse_args(argv)
+    if args.reuse:
+        doc, rep, fired, timing = run(Path(args.reuse), targets=0, seeds=[], share=0, variants=(), reuse=True,
+                                      rules=tuple(args.rules))
+        print(report(doc, rep, fired, timing))
+        return 0
     variants = (perturb.BASE,) if args.base_only else perturb.ALL
     work = Path(args.out or tempfile.mkdtemp(prefix="kvwatch-rnd-"))
     try:
         doc, rep, fired, timing = run(work, targets=args.targets, seeds=args.seeds, share=args.share,
-                                      variants=variants)
+                                      variants=variants, rules=tuple(args.rules))
         print(report(doc, rep, fired, timing))
         if args.out:
             (work / "result.json").write_text(json.dumps({

@@ -106,9 +106,14 @@ def _opt_float(x: float | int | None) -> float | None:
     return None if x is None else float(x)
 
 
-def _cycles(st: SeriesStats, arg: float | None) -> float | None:
-    hi, lo = (arg, arg / 2) if isinstance(arg, int | float) else (0.85, 0.4)
-    return _opt_float(st.cycles(hi, lo))
+def _cycles(dwell: int) -> SeriesFn:
+    # excursions to >= arg and back to <= arg/2; sustained (dwell 2): held two samples,
+    # so a queue caught for one scrape is not a pressure episode
+    def fn(st: SeriesStats, arg: float | None) -> float | None:
+        hi, lo = (arg, arg / 2) if isinstance(arg, int | float) else (0.85, 0.4)
+        return _opt_float(st.cycles(hi, lo, dwell))
+
+    return fn
 
 
 def _swings(dwell: int) -> SeriesFn:
@@ -151,7 +156,10 @@ _TABLE: tuple[Statistic, ...] = (
     # walks along one series: no fleet kernel
     Statistic("period", False, None, lambda st, arg: st.period),
     Statistic("periodicity", False, None, lambda st, arg: st.periodicity),
-    Statistic("cycles", False, None, _cycles),
+    Statistic("cycles", False, None, _cycles(1)),
+    Statistic("sustained_cycles", False, None, _cycles(2)),
+    # fill-and-drain relative to the span's own peak (arg: the drain as a share of the max)
+    Statistic("fill_drain", False, None, lambda st, arg: _opt_float(st.fill_drain(0.5 if arg is None else arg))),
     Statistic("swings", False, None, _swings(1)),
     Statistic("sustained_swings", False, None, _swings(2)),
 )

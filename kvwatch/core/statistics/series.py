@@ -166,6 +166,21 @@ class SeriesStats:
             return 0
         return self.cycles(hi - 0.3 * span, lo + 0.3 * span, dwell)
 
+    def fill_drain(self, share: float = 0.5) -> int | None:
+        """Completed fill-and-drain excursions relative to the span's own peak.
+
+        Like :meth:`swings` (top 30 % of [min, max], then bottom 30 %), but the range
+        must be at least ``share`` of the maximum instead of an absolute amount, so a
+        batch of 32 requests that drains to 8 counts whatever its unit or scale.
+        """
+        if not len(self.v):
+            return None
+        lo, hi = float(self.v.min()), float(self.v.max())
+        span = hi - lo
+        if hi <= 0 or span < share * hi:
+            return 0
+        return self.cycles(hi - 0.3 * span, lo + 0.3 * span)
+
     @_memo
     def _periodogram(self) -> tuple[float, float] | None:
         """(dominant period in seconds, share of spectral power at that peak)."""
