@@ -99,7 +99,8 @@ def report(doc: dict, rep: HonestReport, fired: set[tuple[str, str]], timing: di
     overall = rep.modes()
     out.append("kvwatch, all variants (idle sub-causes folded):")
     out.append(overall.table())
-    out.append(f"healthy targets flagged: {len(rep.healthy_flagged())}")
+    out.append(f"healthy targets flagged with a failure mode: {len(rep.healthy_flagged())}"
+               f" (and called unknown: {len(rep.healthy_unknown())})")
     out.append(f"persistent-queue targets called healthy: {len(rep.queue_called_healthy())}")
     out.append(f"failure-mode targets called healthy: {len(rep.failure_called_healthy())}")
     out.append(f"abstentions (unknown where the target cannot export what decides it): {len(rep.abstentions())}")

@@ -21,7 +21,9 @@ from kvwatch.sim.vocab import Dialect
 
 #: label -> groups of signals; each group needs at least one of its signals to decide
 DECIDING: dict[str, tuple[frozenset[str], ...]] = {
-    "healthy": (frozenset({"kv_usage"}),),
+    # healthy means every mode was ruled out: without TTFT the tail (misread) cannot be,
+    # without a queue gauge the admission stalls (fragmented, batch-limited) cannot be
+    "healthy": (frozenset({"kv_usage"}), frozenset({"ttft"}), frozenset({"waiting"})),
     "full": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"})),
     "oscillating": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"})),
     "fragmented": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"}),
@@ -81,7 +83,11 @@ class HonestReport:
         return Counter((v.expected, v.got) for v in self.scored(variant) if v.expected.startswith("idle"))
 
     def healthy_flagged(self, variant: str | None = None) -> list[Verdict]:
-        return [v for v in self.scored(variant) if v.expected == "healthy" and v.got != "healthy"]
+        """Healthy targets given a failure mode (``unknown`` is counted apart)."""
+        return [v for v in self.scored(variant) if v.expected == "healthy" and v.got not in ("healthy", "unknown")]
+
+    def healthy_unknown(self, variant: str | None = None) -> list[Verdict]:
+        return [v for v in self.scored(variant) if v.expected == "healthy" and v.got == "unknown"]
 
     def queue_called_healthy(self, variant: str | None = None) -> list[Verdict]:
         return [v for v in self.verdicts if (variant is None or v.variant == variant)

@@ -151,7 +151,10 @@ def diagnose_target(
     found.sort(key=lambda d: d.mode.rank)
     modes = mode_verdicts(checks)
     queue_span = min(PERSISTENT_QUEUE_SPAN_S, p.window_s)
-    decision = decide(modes, view.stat("waiting", queue_span, "frac_above", 0.5))
+    queue_frac = view.stat("waiting", queue_span, "frac_above", 0.5)
+    if queue_frac is not None and (view.stat("waiting", queue_span, "last") or 0.0) < 0.5:
+        queue_frac = 0.0  # nobody waits now: the queue ended with a recovered episode, it is not persistent
+    decision = decide(modes, queue_frac)
     blocking = decision.blocking
     if decision.state is FailureMode.UNKNOWN:
         structural = all(s not in sourced for s in blocking if s in Signal._value2member_map_)
