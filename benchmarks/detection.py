@@ -29,22 +29,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from kvwatch.backtest.models import BacktestResult, IncidentRecord
-from kvwatch.backtest.replay import run_backtest
 from kvwatch.config import load_settings
-from kvwatch.dialects import DIALECTS, selector
-from kvwatch.models import FailureMode
-from kvwatch.promclient import PromClient, QueryClient
-from kvwatch.ruleset import load_ruleset
-from kvwatch.signals import Signal
+from kvwatch.core.dialects import DIALECTS, selector
+from kvwatch.core.models import FailureMode
+from kvwatch.core.promclient import PromClient, QueryClient
+from kvwatch.core.rules import load_ruleset
+from kvwatch.core.signals import Signal
 from kvwatch.sim.corpus import default_end_time
 from kvwatch.sim.fleet import TargetRun
 from kvwatch.sim.openmetrics import write_openmetrics
 from kvwatch.sim.phases import FAULTS, PhasedTarget, draw
 from kvwatch.sim.vocab import Dialect
+from kvwatch.tools.backtest.models import BacktestResult, IncidentRecord
+from kvwatch.tools.backtest.replay import run_backtest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from support.prom import backfill, prometheus  # noqa: E402
+from support.prom import backfill, prometheus
 
 HEALTHY_S = 2100.0  # lead-in: the replay starts with a full 30-minute window of healthy history
 TOTAL_S = 6300.0  # every schedule lasts this long (the after-phase takes the rest)

@@ -91,3 +91,18 @@ def test_rule_validation_reads_the_registry() -> None:
         assert Leaf.model_validate(leaf).stat == name
     with pytest.raises(ValueError, match="unknown stat 'count'"):
         Leaf.model_validate({"signal": "kv_usage", "stat": "count", "op": ">", "value": 0})
+
+
+def test_fill_drain_counts_swings_relative_to_the_peak_and_sustained_cycles_need_two_samples() -> None:
+    """A batch of 32 that drains to 4 twice is two fill-and-drain cycles whatever the unit;
+    a queue seen for one scrape at a time is not a sustained pressure episode."""
+    t = np.arange(12, dtype=float) * 30
+    batch = SeriesStats(t, np.array([4, 30, 32, 32, 5, 4, 31, 32, 4, 4, 20, 24], dtype=float))
+    assert REGISTRY["fill_drain"].series(batch, 0.5) == 2.0
+    noise = SeriesStats(t, np.array([30, 32, 28, 31, 29, 32, 30, 28, 31, 32, 29, 30], dtype=float))
+    assert REGISTRY["fill_drain"].series(noise, 0.5) == 0.0  # range under half the peak
+    blips = SeriesStats(t, np.array([0, 3, 0, 0, 4, 0, 0, 2, 0, 0, 0, 0], dtype=float))
+    held = SeriesStats(t, np.array([0, 3, 5, 0, 4, 6, 0, 2, 2, 0, 0, 0], dtype=float))
+    assert REGISTRY["cycles"].series(blips, 1.0) == 3.0
+    assert REGISTRY["sustained_cycles"].series(blips, 1.0) == 0.0
+    assert REGISTRY["sustained_cycles"].series(held, 1.0) == 3.0

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvwatch.sim.calibrate import rate_for_usage, reserved_concurrency, throughput
+from kvwatch.sim.calibrate import reserved_concurrency, throughput
 from kvwatch.sim.engine import EngineConfig
 from kvwatch.sim.fleet import TargetRun, TargetSpec, seed_of, simulate
 from kvwatch.sim.mechanism import Label, label_trace
@@ -25,7 +25,7 @@ from kvwatch.sim.randomized import _cap_rate, _logu, draw_engine, draw_workload
 from kvwatch.sim.scenarios import Replica, Segment
 from kvwatch.sim.trace import Trace
 from kvwatch.sim.vocab import Dialect, IdleCause, Mode
-from kvwatch.sim.workload import LogNormal, Mixture, Periodic, Steady, Uniform, Workload
+from kvwatch.sim.workload import LogNormal, Periodic, Steady, Workload
 
 
 @dataclass(frozen=True)
