@@ -84,6 +84,9 @@ def test_hostile_labels_flow_through_slack_alertmanager_and_terminal(
     assert len(heads) == len(HOSTILE) + 1, text
     assert all(ln.startswith("🔴 full") for ln in heads), heads
     assert max(len(ln) for ln in heads) < 200
+    assert main(["explain", "forged", "--prometheus-url", live.prom, "--at", live.at]) == 0
+    explained = capsys.readouterr().out
+    assert "forged line" in explained and not _CONTROL.search(explained), repr(explained[:300])
     # JSON keeps the real values (machine-readable, escaped by JSON itself)
     assert main(["once", "--prometheus-url", live.prom, "--at", live.at, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvwatch.core.models import Condition, Evaluation, RuleCheck, TargetKey, TargetResult, Verdict
+from kvwatch.textsafe import safe_label
 
 #: a failed condition within this fraction of its threshold is a near miss
 NEAR_MISS = 0.15
@@ -64,8 +65,9 @@ def explain_text(r: TargetResult, ev: Evaluation) -> str:
     at = ev.evaluated_at.isoformat().replace("+00:00", "Z")
     d = r.primary
     lines = [
-        f"kvwatch explain {r.target.key} at {at} (window {ev.window_s / 60:g}m; "
-        f"{r.target.engine}/{r.target.dialect})",
+        # the target's labels come from the engine: escaped so a newline or ANSI code cannot forge output
+        f"kvwatch explain {safe_label(str(r.target.key), 200)} at {at} (window {ev.window_s / 60:g}m; "
+        f"{safe_label(f'{r.target.engine}/{r.target.dialect}', 60)})",
         f"state: {r.state.value}" + (f" ({d.cause})" if d and d.cause else "") + (f" — {d.summary}" if d else ""),
         "modes: " + ", ".join(f"{v.mode.value} {v.verdict.value.replace('_', ' ')}" for v in r.modes),
         "",
