@@ -43,6 +43,9 @@ ENGINES: tuple[EngineVersion, ...] = (
                   ("sglang",),
                   (Variant(""), Variant("tp2", {"tp_size": 2}),
                    Variant("priority", {"priority": True}))),
+    # the package alone: its collector module is loaded by path (no torch, no kernels)
+    EngineVersion("sglang", "0.4.10.post2", ("sglang==0.4.10.post2", "prometheus-client"),
+                  "sglang_v04.py", "sglang-0.5", ("sglang",)),
 )
 BY_KEY = {e.key: e for e in ENGINES}
 

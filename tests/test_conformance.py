@@ -37,6 +37,9 @@ CORE = {Signal.KV_USAGE, Signal.RUNNING, Signal.WAITING, Signal.PREEMPTIONS, Sig
         Signal.TTFT_MEAN, Signal.QUEUE_MEAN, Signal.ITL_P99, Signal.GEN_TPS,
         Signal.PROMPT_TPS, Signal.REQUEST_RATE}
 SIM_JOB = "conformance-sim"
+#: what a release really lacks: SGLang 0.4.x declares sglang:avg_request_queue_latency but
+#: its log_stats never sets it (and has no queue-time histogram), so no queue signal
+LACKS: dict[tuple[str, str], set[Signal]] = {("sglang", "0.4."): {Signal.QUEUE_MEAN}}
 
 
 def _series() -> dict[str, tuple[dict[str, str], Path]]:
@@ -116,7 +119,9 @@ def test_every_fixture_is_recognised_from_names_alone(world) -> None:
         t = r.target
         assert t.engine == head["engine"], (inst, t.engine)
         assert t.dialect in head["dialects"].split(","), (inst, t.dialect)
-        missing = CORE - set(resolve(t))
+        lacks = set().union(*(v for (e, pre), v in LACKS.items()
+                               if head["engine"] == e and head["version"].startswith(pre)))
+        missing = CORE - lacks - set(resolve(t))
         assert not missing, f"{inst}: unresolved {sorted(s.value for s in missing)}"
 
 
