@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -109,6 +110,8 @@ def _cmd_once(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     rules = load_ruleset(settings.rules.paths)
     at = parse_at(args.at)
+    if getattr(args, "notify", False):
+        settings = _notify_state(args, settings)
     client = PromClient.from_settings(settings.prometheus)
     from kvwatch.core.pipeline import evaluate
 
@@ -120,6 +123,19 @@ def _cmd_once(args: argparse.Namespace) -> int:
     out = to_json(evaluation) if args.format == "json" else to_text(evaluation, verbose=not args.brief)
     sys.stdout.write(out)
     return EXIT_OK
+
+
+def _notify_state(args: argparse.Namespace, settings: Any) -> Any:
+    """``once --notify``: ``--state`` wins; with ``--at`` a state path must be explicit.
+
+    An evaluation of the past must not write into the live service's state file nor page
+    about the past through it (replays and tests give their own file)."""
+    if args.state:
+        return settings.model_copy(update={"state": settings.state.model_copy(update={"path": args.state})})
+    if args.at and not os.environ.get("KVWATCH_STATE_PATH"):
+        raise ConfigError("once --at --notify: give an explicit state file (--state FILE or KVWATCH_STATE_PATH); "
+                          "refusing to write the live state file and page about the past")
+    return settings
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
@@ -167,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     once.add_argument("--format", choices=("json", "text"), default="text")
     once.add_argument("--brief", action="store_true", help="text: one line per healthy target, first triage step only")
     once.add_argument("--notify", action="store_true", help="send notifications through the alert lifecycle")
+    once.add_argument("--state", metavar="FILE",
+                      help="--notify: state file (default: state.path; required with --at unless KVWATCH_STATE_PATH)")
     once.set_defaults(func=_cmd_once)
     explain = sub.add_parser(
         "explain", help="every rule and condition for one target: observed, threshold, outcome, near misses"

@@ -149,7 +149,7 @@ class LifecycleSettings(_Model):
     silences: tuple[Silence, ...] = ()
     #: a blind spot (state unknown) must persist this long before it becomes an incident
     blind_spot_for: Duration = 900.0
-    #: an open incident whose target sent no data for this long is resolved as gone (0 = never)
+    #: an open incident whose target is blind (present, no data) this long resolves as expired (0 = never); a target gone from scraping resolves after hold_down
     forget_after: Duration = 86400.0
 
 

@@ -138,3 +138,96 @@ def test_unreachable_alertmanager_is_reported_not_raised() -> None:
     incs, _ = lc().step({}, [result(diag(for_s=0))], time.time())
     res = AlertmanagerSink(s).sync(incs.values(), time.time())
     assert len(res) == 1 and not res[0].ok and res[0].error
+
+
+class FlakySession(requests.Session):
+    """A real session whose next ``fail`` POSTs raise, as a network blip would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = 0
+
+    def post(self, *a: Any, **kw: Any) -> requests.Response:  # type: ignore[override]
+        if self.fail:
+            self.fail -= 1
+            raise requests.ConnectionError("connection reset (injected)")
+        return super().post(*a, **kw)
+
+
+def test_failed_resolve_post_is_retried_for_15_minutes() -> None:
+    """Defect 11: the resolved alert was posted once; one failed POST lost it."""
+    from kvwatch.alerting.sinks.alertmanager import RESOLVED_RETENTION_S
+
+    with webhook_receiver() as (hook, got), alertmanager(hook) as am:
+        s = load_settings(None, environ={}, overrides={"alertmanager": {"urls": [am]}})
+        session = FlakySession()
+        sink = AlertmanagerSink(s, session=session)
+        life = lc(hold_down=0)
+        now = time.time() - 10
+        incs, _ = life.step({}, [result(diag(for_s=0))], now)
+        assert all(r.ok for r in sink.sync(incs.values(), now))
+        poll(lambda: [g for g in got if g["status"] == "firing"])
+        incs, _ = life.step(incs, [result()], now + 5)
+        session.fail = 1
+        assert not any(r.ok for r in sink.sync(incs.values(), now + 5))  # the resolve is lost on the wire
+        incs, _ = life.step(incs, [result()], now + 7)  # the resolved incident is dropped by the lifecycle
+        assert incs == {}
+        assert all(r.ok for r in sink.sync(incs.values(), now + 7))  # ... but the sink re-sends it
+        resolved = poll(lambda: [g for g in got if g["status"] == "resolved"])
+        ends = datetime.fromisoformat(resolved[0]["alerts"][0]["endsAt"].replace("Z", "+00:00"))
+        assert abs(ends.timestamp() - (now + 5)) < 0.01
+        assert sink.alerts([], now + 5 + RESOLVED_RETENTION_S - 1) != []
+        assert sink.alerts([], now + 5 + RESOLVED_RETENTION_S + 1) == []
+
+
+def test_kvwatch_silence_is_created_in_alertmanager_and_sends_no_false_resolve() -> None:
+    """Defect 12: a kvwatch silence stopped posting, Alertmanager expired the alert at endsAt and
+    paged "resolved". Now the alert keeps being posted and Alertmanager silences it."""
+    from kvwatch.config import Silence
+
+    with webhook_receiver() as (hook, got), alertmanager(hook) as am:
+        s = load_settings(None, environ={}, overrides={"alertmanager": {"urls": [am]}})
+        sink = AlertmanagerSink(s)
+        life = lc()
+        # endsAt = now + 5 min: with `now` 295 s in the past the alert expires 5 s from now unless re-sent
+        lag = 295.0
+        incs, _ = life.step({}, [result(diag(for_s=0))], time.time() - lag)
+        sink.sync(incs.values(), time.time() - lag)
+        poll(lambda: [g for g in got if g["status"] == "firing"])
+        sil = Silence(matchers={"instance": "10.0.0.1:8000"}, comment="maintenance", until="2100-01-01T00:00:00Z")
+        s2 = s.model_copy(update={"lifecycle": s.lifecycle.model_copy(update={"silences": (sil,)})})
+        life2, sink2 = lc(silences=(sil,)), AlertmanagerSink(s2)
+        sink2.sent = sink.sent
+        n = len(got)
+        t_end = time.monotonic() + 8
+        while time.monotonic() < t_end:  # past the old endsAt
+            incs, ev = life2.step(incs, [result(diag(for_s=0))], time.time() - lag)
+            assert ev == [] and incs[FULL_KEY].silenced
+            assert all(r.ok for r in sink2.sync(incs.values(), time.time() - lag))
+            time.sleep(1)
+        sils = requests.get(f"{am}/api/v2/silences", timeout=5).json()
+        mine = [x for x in sils if x["createdBy"] == "kvwatch" and x["status"]["state"] == "active"]
+        assert len(mine) == 1 and mine[0]["matchers"][0]["value"] == "10.0.0.1:8000"
+        alerts = requests.get(f"{am}/api/v2/alerts", timeout=5).json()
+        assert [a["status"]["state"] for a in alerts] == ["suppressed"]
+        assert [g["status"] for g in got[n:]] == [], "a notification reached the receiver while silenced"
+
+
+def test_blind_incident_is_not_refreshed() -> None:
+    """Defect 13: a frozen (blind) incident was re-posted with a fresh endsAt forever."""
+    from test_lifecycle import unknown
+
+    from kvwatch.alerting.sinks.alertmanager import to_alerts
+
+    s = load_settings(None, environ={}, overrides={"alertmanager": {"urls": ["http://am.invalid"]}})
+    life = lc()
+    incs, _ = life.step({}, [result(diag(for_s=0))], 1000.0)
+    incs, _ = life.step(incs, [unknown()], 1060.0)
+    assert incs[FULL_KEY].blind_since == 1060.0
+    ends = [datetime.fromisoformat(a["endsAt"].replace("Z", "+00:00")).timestamp()
+            for now in (1060.0, 5000.0) for a in to_alerts(s, incs[FULL_KEY], now)]
+    assert ends == [1300.0, 1300.0]  # last seen (1000) + 5 min, however late it is
+    sink = AlertmanagerSink(s)
+    assert sink.alerts(incs.values(), 1100.0) and sink.alerts(incs.values(), 1400.0)[0]["endsAt"].startswith(
+        "1970-01-01T00:21:40")  # expired: sent as resolved at its endsAt, then dropped after 15 min
+    assert sink.alerts(incs.values(), 1300.0 + 901) == []

@@ -262,3 +262,14 @@ def test_bad_flags_exit_2(cli: Callable[..., Result], args: list[str], fragment:
     res = cli("once", "--prometheus-url", f"http://127.0.0.1:{free_port()}", *args)
     assert res.returncode == 2, res.stderr
     assert fragment in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_once_notify_about_the_past_needs_an_explicit_state_file(
+    cli: Callable[..., Result], fake_prom: _Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 17 item 14: `once --at <past> --notify` wrote into the live state file and paged about
+    the past. Without --state / KVWATCH_STATE_PATH it is refused (exit 2, one line, no query)."""
+    monkeypatch.chdir(tmp_path)  # the default state.path is relative: it must not appear here
+    res = cli("once", "--prometheus-url", url_of(fake_prom), "--at", "2026-01-01T00:00:00Z", "--notify")
+    assert res.returncode == 2 and "--state" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert fake_prom.hits == 0 and list(tmp_path.iterdir()) == []

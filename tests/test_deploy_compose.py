@@ -125,6 +125,8 @@ def test_prometheus_config_targets_the_compose_services(compose: dict[str, Any])
     sd = urlparse(jobs["simulator"]["http_sd_configs"][0]["url"])
     assert (sd.hostname, sd.port, sd.path) == ("simulator", 9400, "/sd")
     assert jobs["kvwatch"]["static_configs"][0]["targets"] == ["kvwatch:9877"]
+    # issue 17 item 16: kvwatch's per-target series keep the engine's job/instance (dashboards filter on them)
+    assert jobs["kvwatch"].get("honor_labels") is True
     am = cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"]
     assert am == ["alertmanager:9093"]
 

@@ -134,6 +134,7 @@ def test_service_and_servicemonitor_select_kvwatch(docs: dict[str, list[dict[str
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert sm["spec"]["endpoints"][0]["port"] == port["name"]
     assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert sm["spec"]["endpoints"][0].get("honorLabels") is True  # issue 17 item 16 (docs/dashboards.md)
     for obj in (dep["spec"]["template"]["metadata"], docs["prometheus-sidecar-patch.yaml"][0]["spec"]["template"]["metadata"]):
         ann = obj["annotations"]
         assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "9877"

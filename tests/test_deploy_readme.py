@@ -42,7 +42,7 @@ DESCRIPTIONS: dict[str, str] = {
     "alertmanager.timeout": "timeout of each Alertmanager call",
     "lifecycle.reminder_interval": "re-post an open incident this often",
     "lifecycle.silences": "silences: label `matchers`, `comment`, `until` (RFC 3339)",
-    "state.path": "SQLite file with the alert lifecycle state",
+    "state.path": "JSON state file (incidents, outbox, Slack threads; checksummed, written atomically; a corrupt one is moved aside)",
     "server.host": "listen address of `/metrics`, `/healthz`, `/readyz`",
     "server.port": "listen port",
     "links.grafana_url": "Grafana base URL for dashboard links in messages",

@@ -107,7 +107,7 @@ def test_hostile_labels_flow_through_slack_alertmanager_and_terminal(
             "links": {"grafana_url": "http://grafana.example"},
             "state": {"path": str(tmp_path / "state.db")},
         }))
-        assert main(["once", "--config", str(cfg), "--at", live.at, "--notify"]) == 0
+        assert main(["once", "--config", str(cfg), "--at", live.at, "--notify", "--state", str(tmp_path / "state.db")]) == 0
         err = capsys.readouterr().err
         assert "failed 0" in err and "Alertmanager errors" not in err, err
         assert slack.rejected == []
@@ -170,8 +170,8 @@ def test_secrets_never_appear_in_a_failing_run(
                 "links": {"grafana_url": f"https://grafana:{SECRETS['grafana password']}@grafana.example"},
                 "state": {"path": str(tmp_path / "state.db")},
             }))
-            assert main(["once", "--config", str(cfg), "--at", live.at, "--notify"]) == 0
-            assert main(["once", "--config", str(cfg), "--at", live.at, "--notify"]) == 0  # retries the outbox
+            assert main(["once", "--config", str(cfg), "--at", live.at, "--notify", "--state", str(tmp_path / "state.db")]) == 0
+            assert main(["once", "--config", str(cfg), "--at", live.at, "--notify", "--state", str(tmp_path / "state.db")]) == 0  # retries the outbox
             first = capsys.readouterr()
             assert "failed" in first.err and "Alertmanager errors" in first.err, first.err
             # Prometheus down, credentials in the URL: exit 3 naming the URL without them

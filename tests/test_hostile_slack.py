@@ -40,7 +40,7 @@ def incident(job: str = "vllm", instance: str = "10.0.0.1:8000", model: str = "l
              evidence: tuple[Evidence, ...] | None = None, state: IncidentState = IncidentState.FIRING) -> Incident:
     labels = {"job": job, "instance": instance, "model": model, "engine": "vllm", "dialect": "vllm-v1"}
     ev = evidence if evidence is not None else (Evidence("kv_usage", "mean", 0.97, ">=", 0.9, "10m", True),)
-    return Incident(IncidentKey(job, instance, FailureMode.FULL), state, tuple(sorted(labels.items())), rule_id,
+    return Incident(IncidentKey(job, instance), FailureMode.FULL, state, tuple(sorted(labels.items())), rule_id,
                     Severity.CRITICAL, T0 - 600, T0, summary=summary, cause=cause, confidence=0.9, evidence=ev,
                     triage=triage, fired_at=T0 - 60)
 

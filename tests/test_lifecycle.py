@@ -22,7 +22,7 @@ from kvwatch.core.models import (
 )
 
 T = Target(TargetKey("vllm", "10.0.0.1:8000"), dialect="vllm-v1", engine="vllm", model="llama")
-FULL_KEY = IncidentKey("vllm", "10.0.0.1:8000", FailureMode.FULL)
+FULL_KEY = IncidentKey("vllm", "10.0.0.1:8000")  # one incident per engine, whatever its mode
 
 
 def diag(mode: FailureMode = FailureMode.FULL, sev: Severity = Severity.CRITICAL, for_s: float = 60.0) -> Diagnosis:
@@ -107,21 +107,22 @@ def test_escalation_updates_and_reminders() -> None:
 
 def test_blind_target_freezes_open_incidents() -> None:
     firing = [result(diag(for_s=0))]
-    seq = [(0, firing), (100, [unknown()]), (500, [unknown()]), (1000, []), (1100, firing)]
+    seq = [(0, firing), (100, [unknown()]), (500, [unknown()]), (1000, [unknown()]), (1100, firing)]
     incidents, log = run(lc(hold_down=60, blind_spot_for=300), seq)
     # the full incident neither resolves nor re-fires; the blind spot itself fires after blind_spot_for
     assert (0, EventKind.FIRE) in log
     assert not any(k is EventKind.RESOLVE and t < 1100 for t, k in log if t)
-    assert incidents[FULL_KEY].state is IncidentState.FIRING
-    assert log.count((500, EventKind.FIRE)) == 1  # the unknown incident (400 s of blindness ≥ 300)
-    unk = IncidentKey("vllm", "10.0.0.1:8000", FailureMode.UNKNOWN)
-    assert incidents[unk].cleared_at == 500  # data is back: the blind-spot incident enters hold-down
+    assert incidents[FULL_KEY].state is IncidentState.FIRING and incidents[FULL_KEY].mode is FailureMode.FULL
+    # the engine's one incident stays open, marked blind once: no second (blind-spot) incident for it
+    assert log == [(0, EventKind.FIRE), (100, EventKind.BLIND)]
+    assert incidents[FULL_KEY].blind_since is None  # data is back
 
 
-def test_forget_after_resolves_gone_targets() -> None:
-    incidents, log = run(lc(forget_after=1000), [(0, [result(diag(for_s=0))]), (500, []), (1000, [])])
-    assert log == [(0, EventKind.FIRE), (1000, EventKind.RESOLVE)]
-    assert incidents[FULL_KEY].resolution == "gone"
+def test_forget_after_expires_blind_incidents() -> None:
+    seq = [(0, [result(diag(for_s=0))]), (500, [unknown()]), (1000, [unknown()])]
+    incidents, log = run(lc(forget_after=1000), seq)
+    assert log == [(0, EventKind.FIRE), (500, EventKind.BLIND), (1000, EventKind.RESOLVE)]
+    assert incidents[FULL_KEY].resolution == "expired"
 
 
 def test_silence_suppresses_events_but_tracks() -> None:
@@ -148,7 +149,7 @@ def test_incident_json_roundtrip_and_counts() -> None:
     inc = incidents[FULL_KEY]
     assert Incident.from_json(inc.to_json()) == inc
     assert open_counts(incidents) == {("full", "critical"): 1}
-    assert IncidentKey.parse(str(FULL_KEY)) == FULL_KEY
+    assert IncidentKey.from_json(FULL_KEY.to_json()) == FULL_KEY
 
 
 def blind_full(state: FailureMode = FailureMode.UNKNOWN) -> TargetResult:
@@ -176,7 +177,7 @@ def test_firing_incident_whose_signals_vanish_stays_open_marked_blind() -> None:
             assert Incident.from_json(held.to_json()) == held  # survives the state file
     # one blind event, no resolve while blind (not after hold_down, not after forget_after) ...
     assert log[:2] == [(0, EventKind.FIRE), (60, EventKind.BLIND)]
-    # (the blindness itself is a separate `unknown` incident once it lasts blind_spot_for)
+    # (one incident per engine: the blindness does not open a second, `unknown` incident)
     assert not any(k is EventKind.RESOLVE and t < 5200 for t, k in log)
     # ... and the hold-down counts from the signals' return (5060), not from before the blindness
     assert (5200, EventKind.RESOLVE) in log and incidents[FULL_KEY].resolution == "cleared"
@@ -196,3 +197,82 @@ def test_blind_incident_shows_in_slack_text_and_alertmanager() -> None:
     assert "BLIND" in blocks.status_line(inc, 120)
     alert = to_alert(load_settings(None, environ={}), inc, 120)
     assert "held open until the signals return" in alert["annotations"]["blind"]
+
+
+# ---- issue 17: one incident per engine episode; gone is not blind; identity is structured ------
+
+GONE = Target(TargetKey("vllm", "10.0.0.1:8000"), dialect="stale", engine="unknown", gone=True)
+
+
+def gone() -> TargetResult:
+    d = Diagnosis(FailureMode.UNKNOWN, "blind-spot", Severity.WARNING, 1.0, "no data now", (), ("check",))
+    return TargetResult(GONE, FailureMode.UNKNOWN, (d,), ("kv_usage",))
+
+
+def test_one_incident_per_engine_with_co_findings() -> None:
+    """Defect 1: a replica FULL and MISREAD at once opened two parents; now one, MISREAD a co-finding."""
+    both = [result(diag(FailureMode.FULL, Severity.CRITICAL, 0), diag(FailureMode.MISREAD, Severity.WARNING, 0))]
+    incidents, log = run(lc(), [(0, both)])
+    assert list(incidents) == [FULL_KEY] and log == [(0, EventKind.FIRE)]
+    inc = incidents[FULL_KEY]
+    assert inc.mode is FailureMode.FULL and [f.mode for f in inc.findings] == [FailureMode.FULL, FailureMode.MISREAD]
+
+
+def test_mode_change_is_an_update_of_the_same_episode() -> None:
+    """Defect 1: oscillating → full opened a second thread; now one episode, one update per change."""
+    osc = [result(diag(FailureMode.OSCILLATING, Severity.WARNING, 0))]
+    full = [result(diag(FailureMode.FULL, Severity.CRITICAL, 0))]
+    seq = [(0, osc), (10, full), (20, full), (30, osc), (40, [result()]), (200, [result()])]
+    life = lc(hold_down=100)
+    incidents: dict[IncidentKey, Incident] = {}
+    events = []
+    for now, res in seq:
+        incidents, ev = life.step(incidents, res, now)
+        events += ev
+    assert [(e.at, e.kind) for e in events] == [(0, EventKind.FIRE), (10, EventKind.UPDATE), (30, EventKind.UPDATE),
+                                                 (200, EventKind.RESOLVE)]
+    assert len({e.incident.uid for e in events}) == 1  # one thread for the whole episode
+    assert events[1].changes[:2] == ("mode oscillating → full", "severity warning → critical")
+    assert events[2].changes == ("mode full → oscillating",) and events[2].previous_mode is FailureMode.FULL
+
+
+def test_new_co_finding_is_announced_once() -> None:
+    full = diag(FailureMode.FULL, Severity.CRITICAL, 0)
+    mis = diag(FailureMode.MISREAD, Severity.WARNING, 0)
+    seq = [(0, [result(full)]), (10, [result(full, mis)]), (20, [result(full)]), (30, [result(full, mis)])]
+    _, log = run(lc(), seq)
+    assert log == [(0, EventKind.FIRE), (10, EventKind.UPDATE)]
+
+
+def test_gone_target_resolves_quietly_as_gone_and_opens_nothing() -> None:
+    """Defect 4: a rolled pod became `unknown`, fired a blind-spot warning and stayed open for a day."""
+    seq = [(0, [result(diag(for_s=0))]), (10, [gone()]), (200, [gone()]), (2000, [gone()])]
+    incidents, log = run(lc(hold_down=120, blind_spot_for=300), seq)
+    assert log == [(200, EventKind.RESOLVE)] or log == [(0, EventKind.FIRE), (200, EventKind.RESOLVE)]
+    assert log[0] == (0, EventKind.FIRE) and log[-1] == (200, EventKind.RESOLVE)
+    # after the resolve nothing else, and a gone target never becomes a blind-spot incident
+    assert incidents == {}
+    never, log2 = run(lc(blind_spot_for=300), [(t, [gone()]) for t in (0, 400, 800)])
+    assert never == {} and log2 == []
+
+
+def test_present_but_blind_is_not_gone() -> None:
+    incidents, log = run(lc(hold_down=120), [(0, [result(diag(for_s=0))]), (10, [unknown()]), (500, [unknown()])])
+    assert log == [(0, EventKind.FIRE), (10, EventKind.BLIND)]
+    assert incidents[FULL_KEY].state is IncidentState.FIRING and incidents[FULL_KEY].blind_since == 10
+
+
+def test_absent_from_results_is_gone() -> None:
+    incidents, log = run(lc(hold_down=100), [(0, [result(diag(for_s=0))]), (50, []), (100, [])])
+    assert log == [(0, EventKind.FIRE), (100, EventKind.RESOLVE)] and incidents[FULL_KEY].resolution == "gone"
+
+
+def test_identity_survives_slashes_in_job() -> None:
+    """Defect 2: `job="ns/name"` (Prometheus Operator) was split on "/" after a restart."""
+    op = Target(TargetKey("llm/vllm-llama", "10.1.2.3:8000"), dialect="vllm-v1", engine="vllm", model="llama")
+    incidents, _ = run(lc(), [(0, [result(diag(for_s=0), target=op)])])
+    (key,) = incidents
+    back = Incident.from_json(incidents[key].to_json())
+    assert back == incidents[key] and back.key == IncidentKey("llm/vllm-llama", "10.1.2.3:8000")
+    again, ev = lc().step({back.key: back}, [result(diag(for_s=0), target=op)], 10)
+    assert ev == [] and again[key].uid == incidents[key].uid

@@ -179,3 +179,41 @@ def test_once_notify_assumes_held_and_does_not_repeat(tmp_path: Path) -> None:
         notify_once(s, Evaluation(evaluated_at=datetime.fromtimestamp(T0 + 60, tz=UTC),
                                   results=ev.results, window_s=1800.0))
         assert len(fake.of("chat.postMessage")) == 1
+
+
+def test_failed_cycle_line_reports_the_open_incidents(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 17 item 15: a failed cycle's line said `open 0` while incidents were open."""
+    svc, _, clock, _ = make(tmp_path, [[result(diag(for_s=0))], PrometheusUnreachable("http://prom:9090", "refused")])
+    assert svc.cycle().open == 1
+    clock.t += 60
+    caplog.clear()
+    report = svc.cycle()
+    assert not report.ok and report.open == 1
+    (line,) = [r.message for r in caplog.records if "kvwatch cycle" in r.message]
+    assert "open 1" in line and "error" in line
+
+
+def test_overrunning_evaluation_is_dropped_and_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 17 item 9: an evaluation past its deadline does not hold the cycle; the line says so."""
+    import threading
+    import time as _time
+
+    release = threading.Event()
+    svc, _, _, _ = make(tmp_path, [[result(diag(for_s=0))]])
+    svc.settings = svc.settings.model_copy(update={"evaluation": svc.settings.evaluation.model_copy(
+        update={"interval": 1.0})})
+
+    def slow(*_a: object) -> Evaluation:
+        release.wait(10)
+        return Evaluation(evaluated_at=datetime.now(), results=(), window_s=60.0)
+
+    svc.evaluator = slow
+    t = _time.monotonic()
+    first = svc.cycle()
+    second = svc.cycle()
+    assert _time.monotonic() - t < 2.0, "a cycle waited for the slow evaluation"
+    release.set()
+    assert first.dropped == ["evaluation (over its 0.7s deadline)"]
+    assert second.dropped == ["evaluation (the previous one is still running)"]
+    lines = [r.message for r in caplog.records if "kvwatch cycle" in r.message]
+    assert len(lines) == 2 and all("dropped: evaluation" in ln for ln in lines)

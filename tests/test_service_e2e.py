@@ -267,7 +267,9 @@ def _scenario(h: Harness, stack: ExitStack, tmp: Path) -> None:
     h.wait("one more healthy cycle", lambda: value(h.metrics(), "kvwatch_target_state", **sel,
                                                    state="healthy") == 1, 10)
     h.mark("healthy")
-    assert h.slack.calls == [], "nothing may be sent while the target is healthy"
+    # reads (the start-up look-up of open threads) are allowed; nothing may be posted or edited
+    assert [c for c in h.slack.calls if c.method.startswith(("chat.", "files."))] == [], \
+        "nothing may be sent while the target is healthy"
     ok_before = value(h.last_metrics, "kvwatch_cycles_total", outcome="ok") or 0
 
     # ---- full: one parent message with the full-mode header --------------------------------------
@@ -374,7 +376,8 @@ def parent_ts(slack: FakeSlack) -> str:
 
 def check_cycle_log(log: str) -> None:
     """One fire and one resolve; the resolve waited out the hold-down after the last full cycle."""
-    lines = cycle_lines(log)
+    # a cycle whose evaluation overran its deadline on a loaded machine says so and changes nothing
+    lines = [line for line in cycle_lines(log) if "dropped: evaluation" not in line]
     assert lines and all("kvwatch cycle ok" in line for line in lines), "\n".join(lines[-5:])
     fires = [i for i, line in enumerate(lines) if "fired 1" in line]
     resolves = [i for i, line in enumerate(lines) if "resolved 1" in line]

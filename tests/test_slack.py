@@ -88,16 +88,52 @@ def test_fire_ongoing_restart_resolve(tmp_path: Path) -> None:
         assert c.store.pending() == 0
 
 
-def test_rate_limit_is_honoured(tmp_path: Path) -> None:
+def test_rate_limit_defers_instead_of_sleeping_in_the_cycle(tmp_path: Path) -> None:
+    """Defect 9: a 429 slept out its Retry-After inside the cycle; now the outbox defers it."""
     with fake_slack() as fake:
         k = Kvwatch(settings(fake), tmp_path / "s.db", lc())
-        fake.fail_next(1, status=429, retry_after=1)
+        fake.fail_next(1, status=429, retry_after=30, method="chat.postMessage")
         t = time.monotonic()
         report = k.cycle([result(diag(for_s=0))], T0)
-        assert report.sent == 1 and time.monotonic() - t >= 1.0
-        calls = [c for c in fake.calls if c.method == "chat.postMessage"]
-        assert [c.status for c in calls] == [429, 200]
-        assert calls[1].at - calls[0].at >= 1.0
+        assert (report.sent, report.failed) == (0, 1) and time.monotonic() - t < 5.0
+        assert k.store.due(T0 + 29) == [] and len(k.store.due(T0 + 30)) == 1
+        assert k.cycle([result(diag(for_s=0))], T0 + 30).sent == 1
+        assert [c.status for c in fake.calls if c.method == "chat.postMessage"] == [429, 200]
+        assert len(fake.parents()) == 1
+
+
+def test_permanent_error_is_dead_lettered_and_the_rest_flows(tmp_path: Path, caplog) -> None:
+    """Defect 10: channel_not_found was retried forever; now one line naming the route and the fix."""
+    with fake_slack() as fake:
+        from kvwatch.core.models import Target, TargetKey
+
+        k = Kvwatch(settings(fake), tmp_path / "s.db", lc())
+        other = Target(TargetKey("vllm", "10.0.0.2:8000"), dialect="vllm-v1", engine="vllm", model="llama")
+        fake.fail_next(1, status=200, error="channel_not_found", method="chat.postMessage")
+        report = k.cycle([result(diag(for_s=0)), result(diag(for_s=0), target=other)], T0)
+        assert (report.sent, report.dead) == (1, 1) and k.store.pending() == 0
+        lines = [r.message for r in caplog.records if "giving up" in r.message]
+        assert len(lines) == 1 and "route C-DEFAULT" in lines[0] and "channel_not_found" in lines[0]
+        assert "slack.channel" in lines[0]
+        assert k.cycle([result(diag(for_s=0)), result(diag(for_s=0), target=other)], T0 + 10).sent == 0
+
+
+def test_lost_state_adopts_the_open_thread_instead_of_a_second_parent(tmp_path: Path) -> None:
+    """Defects 7/8: with the state gone (or the ts never recorded) the parent is found again in
+    Slack through its message metadata; no second parent is posted."""
+    with fake_slack() as fake:
+        s = settings(fake)
+        a = Kvwatch(s, tmp_path / "a.json", lc(hold_down=0))
+        assert a.cycle([result(diag(for_s=0))], T0).sent == 1
+        b = Kvwatch(s, tmp_path / "b.json", lc(hold_down=0))  # no state at all: a new episode uid
+        assert b.cycle([result(diag(for_s=0))], T0 + 60).sent == 1
+        assert len(fake.parents()) == 1 and len(fake.of("chat.update")) == 1
+        assert b.cycle([result()], T0 + 120).sent == 1  # the resolve lands in the adopted thread
+        (parent,) = fake.parents()
+        assert "*RESOLVED*" in str(fake.messages[parent]["blocks"])
+        assert fake.messages[parent]["metadata"]["event_payload"]["state"] == "resolved"
+        c = Kvwatch(s, tmp_path / "c.json", lc(hold_down=0))  # a resolved thread is never adopted
+        assert c.cycle([result(diag(for_s=0))], T0 + 300).sent == 1 and len(fake.parents()) == 2
 
 
 def test_server_error_retried_next_cycle_without_duplicates(tmp_path: Path) -> None:
@@ -178,3 +214,20 @@ def test_chart_uploaded_to_thread(tmp_path: Path) -> None:
         parent_ts = next(iter(fake.messages))[1]
         assert len(done) == 1 and done[0].body["thread_ts"] == parent_ts and done[0].body["channel_id"] == "C-DEFAULT"
         assert list(fake.uploads.values()) == [len(png)]
+
+
+def test_restart_without_state_resolves_threads_of_engines_that_cleared(tmp_path: Path) -> None:
+    """Defect 7: with the state lost and the condition gone while kvwatch was down, the old thread
+    showed FIRING forever; the first cycle after start resolves it (only for engines it evaluated)."""
+    with fake_slack() as fake:
+        s = settings(fake)
+        a = Kvwatch(s, tmp_path / "a.json", lc())
+        assert a.cycle([result(diag(for_s=0))], T0).sent == 1
+        b = SlackNotifier(s)
+        assert b.sweep({("vllm", "10.0.0.9:8000")}, T0 + 60) == 0  # another engine: untouched
+        assert b.sweep({("vllm", "10.0.0.1:8000")}, T0 + 60) == 1
+        (parent,) = fake.parents()
+        msg = fake.messages[parent]
+        assert "*RESOLVED*" in str(msg["blocks"]) and "*FIRING*" not in str(msg["blocks"])
+        assert msg["metadata"]["event_payload"]["state"] == "resolved"
+        assert b.sweep({("vllm", "10.0.0.1:8000")}, T0 + 120) == 0 and fake.rejected == []

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ def _fired():
 
 
 def test_restart_keeps_incidents_outbox_and_threads(tmp_path: Path) -> None:
-    path = str(tmp_path / "sub" / "state.db")
+    path = str(tmp_path / "sub" / "state.json")
     incidents, events = _fired()
     s1 = ResilientStore(path)
     s1.commit(incidents, [("slack", e) for e in events] + [("console", e) for e in events])
@@ -43,34 +46,61 @@ def test_restart_keeps_incidents_outbox_and_threads(tmp_path: Path) -> None:
     assert kinds == [EventKind.FIRE, EventKind.RESOLVE]
 
 
-def test_corrupt_file_degrades_to_memory_with_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    bad = tmp_path / "state.db"
-    bad.write_bytes(b"this is not a database" * 100)
-    errors: list[str] = []
-    store = ResilientStore(str(bad), on_error=errors.append)
-    assert store.disk is None and len(errors) == 1 and str(bad) in errors[0]
-    assert str(bad) in caplog.text
+def test_corrupt_file_is_quarantined_with_one_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Defect 7: a damaged file must be detected (checksum) and moved aside, not trusted or ignored."""
+    path = tmp_path / "state.json"
+    s1 = ResilientStore(str(path))
     incidents, events = _fired()
-    store.commit(incidents, [("slack", e) for e in events])  # keeps working in memory
-    assert store.load() == incidents and store.pending() == 1
+    s1.commit(incidents, [("slack", e) for e in events])
+    doc = json.loads(path.read_text())
+    doc["state"]["incidents"][0]["severity"] = "warning"  # valid JSON, wrong content: only a checksum sees it
+    path.write_text(json.dumps(doc))
+    errors: list[str] = []
+    store = ResilientStore(str(path), on_error=errors.append, clock=lambda: 1234.0)
+    assert store.load() == {} and store.pending() == 0
+    assert store.quarantined == tmp_path / "state.json.corrupt-1234" and store.quarantined.exists()
+    assert len(errors) == 1 and "checksum" in errors[0]
+    assert sum("corrupt" in r.message for r in caplog.records) == 1
+    store.commit(incidents, [("slack", e) for e in events])  # and a fresh, valid file replaces it
+    assert ResilientStore(str(path)).load() == incidents
+    garbage = tmp_path / "g.json"
+    garbage.write_bytes(b"this is not a state file" * 100)
+    assert ResilientStore(str(garbage)).quarantined is not None
 
 
-def test_unwritable_path(tmp_path: Path) -> None:
+def test_unwritable_path_is_reported_at_start(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")  # a file where the directory should be: fails even for root
-    store = ResilientStore(str(blocker / "state.db"))
-    assert store.disk is None and str(blocker / "state.db") in store.error
+    store = ResilientStore(str(blocker / "state.json"))
+    assert not store.disk and str(blocker / "state.json") in store.error
 
 
-def test_write_failure_midway_degrades(tmp_path: Path) -> None:
+def test_write_failure_continues_in_memory_and_retries_the_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defect 6/7: one line and a count per failure, memory keeps working, and the file is
+    retried so a restart does not bring back a stale file once the disk is writable again."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    path = d / "state.json"
     errors: list[str] = []
-    store = ResilientStore(str(tmp_path / "s.db"), on_error=errors.append)
-    assert store.disk is not None
-    store.disk._db.close()  # simulate the disk going away under us
+    store = ResilientStore(str(path), on_error=errors.append)
+    assert store.disk
+    blocked = path.with_name(f".{path.name}.tmp")
+    blocked.mkdir()  # the temporary file cannot be created: every write fails (also as root)
     incidents, events = _fired()
     store.commit(incidents, [("slack", e) for e in events])
-    assert store.disk is None and len(errors) == 1 and "s.db" in errors[0]
-    assert store.pending() == 1
+    store.attempt(store.due(1e9)[0].id)
+    assert not store.disk and len(errors) == 2 and "state.json" in errors[0]
+    assert sum("keeping state in memory" in r.message for r in caplog.records) == 1  # one line, not one per write
+    assert store.pending() == 1 and store.load() == incidents
+    assert ResilientStore(str(path)).load() == {}  # the file still holds the old state ...
+    blocked.rmdir()
+    store.delivered(store.due(1e9)[0].id)  # ... until the next change writes it
+    assert store.disk and "written again" in caplog.text
+    again = ResilientStore(str(path))
+    assert again.load() == incidents and again.pending() == 0
+    os.chmod(d, stat.S_IRWXU)
 
 
 def test_state_written_before_the_event_emitted_rename_still_loads() -> None:

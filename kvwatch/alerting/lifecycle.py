@@ -1,26 +1,35 @@
-"""Alert lifecycle: a pure state machine per (target, mode). No clock, no I/O.
+"""Alert lifecycle: one small, pure state machine per engine (target). No clock, no I/O.
 
-``pending`` → ``firing`` once the condition has held for the rule's ``for``
-(:attr:`Diagnosis.for_s`) plus ``lifecycle.pending_for``; ``firing`` →
-``resolved`` once it has been clear for ``hold_down`` (a re-match during the
-hold-down keeps it firing and sends nothing). Events: ``fire``, ``update``
-(severity escalated), ``remind`` (every ``reminder_interval`` while firing),
-``resolve``. Silences (label matchers) suppress fire/update/remind; the
-incident is still tracked, and an incident already announced still gets its
-resolve. A target that is ``unknown`` (blind spot) or absent from the results
-freezes its open incidents: nothing resolves and nothing is sent until data
-returns (or until ``forget_after`` without data, then it resolves as *gone*).
-A blind spot is itself an incident of mode ``unknown`` (warning) once it has
-persisted for ``blind_spot_for``.
+One incident per engine *episode*: its primary mode is the most severe
+incident-grade finding (ties by mode precedence); other findings of the same
+target are co-findings of the same incident, not incidents of their own.
+``pending`` → ``firing`` once the primary finding has been present for
+``lifecycle.pending_for`` (a blind spot: ``blind_spot_for``); the rule's own
+``for`` is checked inside each evaluation, over data that must cover it.
+``firing`` → ``resolved`` once clear for ``hold_down``. Events: ``fire``,
+``update`` (mode change, escalation, a new co-finding: one reply in the
+thread), ``remind``, ``resolve``.
 
-An incident is never resolved by blindness: when the target is still scraped but its
-mode became undecidable (the signals that decided it vanished), a firing incident stays
-open and is marked blind (``blind_since``, one ``blind`` event) until the signals return;
-clearing is then measured from their return.
+Three ways a target can stop matching, kept apart on purpose:
+
+* *cleared*: the target is evaluated and nothing matches → resolve after ``hold_down``;
+* *gone*: the target disappeared from scraping (``Target.gone``, or absent from the
+  results altogether) → resolve quietly as ``gone`` after ``hold_down``;
+* *blind*: present but the incident's mode cannot be decided (its signals vanished:
+  the per-mode verdict is undecidable, or nothing could be evaluated) → the incident
+  stays open, frozen and marked blind (``blind_since``, ``blind_reason``, one
+  ``blind`` event); nothing resolves, re-fires or reminds until the signals return,
+  and clearing is measured from their return. When nothing at all could be evaluated
+  (KV usage missing) it resolves as ``expired`` after ``forget_after`` without data. A mode *decided* not matched clears, whatever the
+  target's overall state.
+
+Silences (label matchers) suppress Slack/console events; the incident is still
+tracked, and an incident already announced still gets its resolve.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -59,31 +68,51 @@ class EventKind(StrEnum):
 
 @dataclass(frozen=True, order=True)
 class IncidentKey:
-    """One incident per target (``job``, ``instance``) and failure mode."""
+    """One incident per engine: the Prometheus ``job`` and ``instance`` labels, stored as fields
+    (``job="namespace/name"`` from the Prometheus Operator must survive a restart)."""
 
     job: str
     instance: str
-    mode: FailureMode
 
     @property
     def target(self) -> TargetKey:
         return TargetKey(self.job, self.instance)
 
-    def __str__(self) -> str:
-        return f"{self.job}/{self.instance}/{self.mode.value}"
+    def __str__(self) -> str:  # display only; never parsed back
+        return f"{self.job}/{self.instance}" if self.job else self.instance
+
+    def to_json(self) -> dict[str, str]:
+        return {"job": self.job, "instance": self.instance}
 
     @classmethod
-    def parse(cls, text: str) -> IncidentKey:
-        job, rest = text.split("/", 1)
-        instance, mode = rest.rsplit("/", 1)
-        return cls(job, instance, FailureMode(mode))
+    def from_json(cls, d: Mapping[str, Any]) -> IncidentKey:
+        return cls(str(d["job"]), str(d["instance"]))
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One incident-grade diagnosis of the target (the primary or a co-finding)."""
+
+    mode: FailureMode
+    severity: Severity
+    rule_id: str
+    summary: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        return {"mode": self.mode.value, "severity": self.severity.value, "rule_id": self.rule_id,
+                "summary": self.summary}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Finding:
+        return cls(FailureMode(d["mode"]), Severity(d["severity"]), d["rule_id"], d.get("summary", ""))
 
 
 @dataclass(frozen=True)
 class Incident:
-    """One tracked condition. Times are Unix seconds; ``None`` means "not yet"."""
+    """One engine episode. Times are Unix seconds; ``None`` means "not yet"."""
 
     key: IncidentKey
+    mode: FailureMode
     state: IncidentState
     labels: tuple[tuple[str, str], ...]
     rule_id: str
@@ -95,21 +124,23 @@ class Incident:
     confidence: float = 0.0
     evidence: tuple[Evidence, ...] = ()
     triage: tuple[str, ...] = ()
+    #: every incident-grade finding now, primary first
+    findings: tuple[Finding, ...] = ()
     fired_at: float | None = None
     cleared_at: float | None = None
     resolved_at: float | None = None
-    #: when the lifecycle last created an event for it (fire/update/remind); not delivery:
-    #: sinks deliver events later, through the outbox
-    last_event_at: float | None = None
-    #: the severity its last fire/update event announced
-    event_severity: Severity | None = None
-    silenced: bool = False
-    #: why it resolved: "cleared" or "gone" (no data for forget_after)
-    resolution: str = ""
-    #: since when the mode cannot be decided (its signals vanished); None while it can
+    #: since when the incident's mode cannot be decided (present, signals missing); None while it can
     blind_since: float | None = None
     #: the signals whose absence leaves the mode undecidable
     blind_reason: str = ""
+    last_event_at: float | None = None
+    event_severity: Severity | None = None
+    event_mode: FailureMode | None = None
+    #: modes already announced in this episode (primary and co-findings)
+    event_modes: tuple[FailureMode, ...] = ()
+    silenced: bool = False
+    #: why it resolved: "cleared", "gone" (target left scraping) or "expired" (blind for forget_after)
+    resolution: str = ""
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -117,17 +148,17 @@ class Incident:
 
     @property
     def event_emitted(self) -> bool:
-        """A fire event was created for this occurrence (so its resolution is told too)."""
         return self.last_event_at is not None
 
     @property
     def uid(self) -> str:
-        """This occurrence (a recurrence after resolution has a new ``started_at``, so a new uid)."""
-        return f"{self.key}@{self.started_at:.3f}"
+        """This episode (a recurrence after resolution has a new ``started_at``, so a new uid)."""
+        return json.dumps([self.key.job, self.key.instance, round(self.started_at, 3)])
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "key": str(self.key),
+            "key": self.key.to_json(),
+            "mode": self.mode.value,
             "state": self.state.value,
             "labels": dict(self.labels),
             "rule_id": self.rule_id,
@@ -137,21 +168,25 @@ class Incident:
             "confidence": self.confidence,
             "evidence": [e.to_json() for e in self.evidence],
             "triage": list(self.triage),
+            "findings": [f.to_json() for f in self.findings],
+            "blind_reason": self.blind_reason,
             "silenced": self.silenced,
             "resolution": self.resolution,
-            "blind_reason": self.blind_reason,
             "event_severity": self.event_severity.value if self.event_severity else None,
+            "event_mode": self.event_mode.value if self.event_mode else None,
+            "event_modes": [m.value for m in self.event_modes],
         }
-        for name in (
-            "started_at", "last_seen_at", "fired_at", "cleared_at", "resolved_at", "last_event_at", "blind_since",
-        ):
+        for name in ("started_at", "last_seen_at", "fired_at", "cleared_at", "resolved_at", "blind_since",
+                     "last_event_at"):
             out[name] = getattr(self, name)
         return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Incident:
+        """Raises KeyError / ValueError / TypeError on a record this version cannot read."""
         return cls(
-            key=IncidentKey.parse(d["key"]),
+            key=IncidentKey.from_json(d["key"]),
+            mode=FailureMode(d["mode"]),
             state=IncidentState(d["state"]),
             labels=tuple(sorted((str(k), str(v)) for k, v in d["labels"].items())),
             rule_id=d["rule_id"],
@@ -163,27 +198,34 @@ class Incident:
             confidence=d.get("confidence", 0.0),
             evidence=tuple(Evidence(**e) for e in d.get("evidence", [])),
             triage=tuple(d.get("triage", [])),
+            findings=tuple(Finding.from_json(f) for f in d.get("findings", [])),
             fired_at=d.get("fired_at"),
             cleared_at=d.get("cleared_at"),
             resolved_at=d.get("resolved_at"),
-            # state files written before the rename hold last_notified_at / notified_severity
-            last_event_at=d.get("last_event_at", d.get("last_notified_at")),
-            event_severity=Severity(sev) if (sev := d.get("event_severity", d.get("notified_severity"))) else None,
-            silenced=d.get("silenced", False),
-            resolution=d.get("resolution", ""),
             blind_since=d.get("blind_since"),
             blind_reason=d.get("blind_reason", ""),
+            # records written before the rename hold last_notified_at / notified_severity
+            last_event_at=d.get("last_event_at", d.get("last_notified_at")),
+            event_severity=Severity(sev) if (sev := d.get("event_severity", d.get("notified_severity"))) else None,
+            event_mode=FailureMode(d["event_mode"]) if d.get("event_mode") else None,
+            event_modes=tuple(FailureMode(m) for m in d.get("event_modes", [])),
+            silenced=d.get("silenced", False),
+            resolution=d.get("resolution", ""),
         )
 
 
 @dataclass(frozen=True)
 class Event:
-    """Something to tell people about ``incident`` (its state after the step) at ``at``."""
+    """Something to tell people about ``incident`` (its state after the step) at ``at``.
+
+    ``changes`` (updates only) says what changed, in words, for the thread reply."""
 
     kind: EventKind
     incident: Incident
     at: float
     previous_severity: Severity | None = None
+    previous_mode: FailureMode | None = None
+    changes: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -192,17 +234,29 @@ class Event:
 
     def to_json(self) -> dict[str, Any]:
         prev = self.previous_severity.value if self.previous_severity else None
-        return {"kind": self.kind.value, "at": self.at, "previous_severity": prev, "incident": self.incident.to_json()}
+        pmode = self.previous_mode.value if self.previous_mode else None
+        return {"kind": self.kind.value, "at": self.at, "previous_severity": prev, "previous_mode": pmode,
+                "changes": list(self.changes), "incident": self.incident.to_json()}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Event:
         prev = Severity(d["previous_severity"]) if d.get("previous_severity") else None
-        return cls(EventKind(d["kind"]), Incident.from_json(d["incident"]), d["at"], prev)
+        pmode = FailureMode(d["previous_mode"]) if d.get("previous_mode") else None
+        return cls(EventKind(d["kind"]), Incident.from_json(d["incident"]), d["at"], prev, pmode,
+                   tuple(d.get("changes", [])))
 
 
 def is_incident(d: Diagnosis) -> bool:
     """Only warnings and worse of a non-healthy mode are incidents."""
     return d.mode is not FailureMode.HEALTHY and d.severity.rank >= Severity.WARNING.rank
+
+
+def findings_of(r: TargetResult) -> list[Diagnosis]:
+    """Incident-grade diagnoses, most severe first (ties: mode precedence); none for a gone target."""
+    if r.target.gone:
+        return []
+    found = [d for d in r.diagnoses if is_incident(d)]
+    return sorted(found, key=lambda d: (-d.severity.rank, d.mode.rank))
 
 
 def _labels(r: TargetResult, d: Diagnosis) -> tuple[tuple[str, str], ...]:
@@ -225,13 +279,11 @@ class Lifecycle:
         labels = inc.label_map
         return any(_silence_matches(s, labels, now) for s in self.config.silences)
 
-    def _required(self, d: Diagnosis) -> float:
-        # A rule's own `for` is already enforced inside the evaluation: its conditions
-        # are computed over the last `for` of the window, so a match means the
-        # condition has held that long. Counting it again across cycles would double
-        # the detection delay. Only the extra `pending_for` and a blind spot's
-        # duration (which no rule window measures) are counted here.
-        base = self.config.blind_spot_for if d.mode is FailureMode.UNKNOWN else 0.0
+    def _required(self, mode: FailureMode) -> float:
+        # A rule's own `for` is enforced inside the evaluation (its conditions are computed over
+        # the last `for` of data that must cover it); counting it again across cycles would
+        # double the detection delay. Only `pending_for` and a blind spot's duration count here.
+        base = self.config.blind_spot_for if mode is FailureMode.UNKNOWN else 0.0
         return base + self.config.pending_for
 
     def step(
@@ -245,52 +297,51 @@ class Lifecycle:
         """Return the incidents after ``now`` and the events to deliver, in key order.
 
         ``assume_held``: a new condition is taken to have held for its whole
-        required duration already (``once --notify``: the rule's window is the
-        only evidence there will be). Incidents resolved in a previous step are
-        dropped; a recurrence after resolution is a new incident.
+        required duration already (``once --notify``). Incidents resolved in a
+        previous step are dropped; a recurrence after resolution is a new episode.
         """
-        seen = {r.target.key: r for r in results}
-        active: dict[IncidentKey, tuple[TargetResult, Diagnosis]] = {}
-        for r in results:
-            for d in r.diagnoses:
-                if is_incident(d):
-                    active.setdefault(IncidentKey(r.target.key.job, r.target.key.instance, d.mode), (r, d))
+        seen = {IncidentKey(r.target.key.job, r.target.key.instance): r for r in results}
+        found = {k: f for k, r in seen.items() if (f := findings_of(r))}
         out: dict[IncidentKey, Incident] = {}
         events: list[Event] = []
-        for key in sorted(set(incidents) | set(active)):
+        for key in sorted(set(incidents) | set(found)):
             old = incidents.get(key)
             if old is not None and old.state is IncidentState.RESOLVED:
                 old = None
-            if key in active:
-                r, d = active[key]
-                inc = self._seen(old, key, r, d, now, assume_held)
+            r = seen.get(key)
+            fs = found.get(key, [])
+            real = [d for d in fs if d.mode is not FailureMode.UNKNOWN]
+            inc: Incident | None
+            if r is not None and real:
+                inc = self._seen(old, key, r, real, now, assume_held)
+            elif r is not None and fs and (old is None or old.mode is FailureMode.UNKNOWN):
+                inc = self._seen(old, key, r, fs, now, assume_held)  # the blind spot is the incident
             elif old is None:
                 continue
-            else:
-                res = seen.get(key.target)
-                undecided = None if res is None else _undecided(res, key.mode)
-                if undecided is not None:
-                    inc, ev = self._blind(old, now, undecided)
+            elif r is None or r.target.gone:
+                inc = self._cleared(old, now, "gone")
+            elif (why := _undecided(r, old.mode)) is not None:
+                inc, ev = self._blind(old, now, why, r.mode_verdict(old.mode) is None)
+                if inc is not None:
                     out[key] = inc
                     events.extend(ev)
-                    continue
-                # a mode decided not matched clears, whatever the target state (e.g. `unknown` for
-                # another mode); without per-mode verdicts nothing was decided: freeze
-                blind = res is None or (
-                    res.state is FailureMode.UNKNOWN and key.mode is not FailureMode.UNKNOWN and not res.modes
-                )
-                inc = self._frozen(old, now) if blind else self._cleared(old, now)
-                if inc is None:
-                    continue
-            inc, ev = self._emit(old, inc, now)
+                continue
+            else:
+                inc = self._cleared(old, now, "cleared")
+            if inc is None:
+                continue
+            inc, ev = self._emit(inc, now)
             out[key] = inc
             events.extend(ev)
         return out, events
 
     def _seen(
-        self, old: Incident | None, key: IncidentKey, r: TargetResult, d: Diagnosis, now: float, assume_held: bool
+        self, old: Incident | None, key: IncidentKey, r: TargetResult, fs: list[Diagnosis], now: float,
+        assume_held: bool,
     ) -> Incident:
-        fresh = {
+        d = fs[0]
+        fresh: dict[str, Any] = {
+            "mode": d.mode,
             "labels": _labels(r, d),
             "rule_id": d.rule_id,
             "severity": d.severity,
@@ -299,22 +350,28 @@ class Lifecycle:
             "confidence": d.confidence,
             "evidence": d.evidence,
             "triage": d.triage,
+            "findings": tuple(Finding(x.mode, x.severity, x.rule_id, x.summary) for x in fs),
             "last_seen_at": now,
             "cleared_at": None,
             "blind_since": None,
             "blind_reason": "",
         }
-        need = self._required(d)
+        need = self._required(d.mode)
         if old is None:
             start = now - need if assume_held else now
             inc = Incident(key=key, state=IncidentState.PENDING, started_at=start, **fresh)
         else:
             inc = replace(old, **fresh)
+            if inc.state is IncidentState.PENDING and (old.mode is FailureMode.UNKNOWN) != (
+                d.mode is FailureMode.UNKNOWN
+            ):
+                # a blind spot and a real condition wait for different things: restart the clock
+                inc = replace(inc, started_at=now - need if assume_held else now)
         if inc.state is IncidentState.PENDING and now - inc.started_at + _EPS >= need:
             inc = replace(inc, state=IncidentState.FIRING, fired_at=now)
         return inc
 
-    def _cleared(self, old: Incident, now: float) -> Incident | None:
+    def _cleared(self, old: Incident, now: float, why: str) -> Incident | None:
         if old.state is IncidentState.PENDING:
             return None  # never fired: forget quietly
         cleared = old.cleared_at if old.cleared_at is not None else old.last_seen_at
@@ -322,15 +379,22 @@ class Lifecycle:
             cleared = now  # the clear evidence starts when the signals return, not before the blindness
         inc = replace(old, cleared_at=cleared, blind_since=None, blind_reason="")
         if now - cleared + _EPS >= self.config.hold_down:
-            inc = replace(inc, state=IncidentState.RESOLVED, resolved_at=now, resolution="cleared")
+            inc = replace(inc, state=IncidentState.RESOLVED, resolved_at=now, resolution=why)
         return inc
 
-    def _blind(self, old: Incident, now: float, reason: str) -> tuple[Incident, list[Event]]:
-        """The target is scraped but this mode cannot be decided: hold the incident open.
+    def _blind(self, old: Incident, now: float, reason: str, expires: bool) -> tuple[Incident | None, list[Event]]:
+        """Present but undecidable: hold the incident open (no silent resolve).
 
         A firing incident is marked blind once (one ``blind`` event, unless silenced or never
-        announced); nothing resolves, re-fires or reminds until the signals return.
+        announced); nothing resolves, re-fires or reminds until the signals return. ``expires``
+        (nothing could be evaluated at all): after ``forget_after`` since last seen it resolves as
+        ``expired``; a mode left undecidable by some vanished signals is held open until they return.
         """
+        forget = self.config.forget_after
+        if expires and forget > 0 and now - old.last_seen_at + _EPS >= forget:
+            if old.state is IncidentState.PENDING:
+                return None, []
+            return self._emit(replace(old, state=IncidentState.RESOLVED, resolved_at=now, resolution="expired"), now)
         if old.state is not IncidentState.FIRING or old.blind_since is not None:
             return old, []
         inc = replace(old, blind_since=now, blind_reason=reason, cleared_at=None)
@@ -341,17 +405,7 @@ class Lifecycle:
             return inc, []
         return inc, [Event(EventKind.BLIND, inc, now)]
 
-    def _frozen(self, old: Incident, now: float) -> Incident | None:
-        """No data for this target: keep the incident exactly as it is (no silent resolve)."""
-        forget = self.config.forget_after
-        if forget > 0 and now - old.last_seen_at + _EPS >= forget:
-            if old.state is IncidentState.PENDING:
-                return None
-            return replace(old, state=IncidentState.RESOLVED, resolved_at=now, resolution="gone")
-        return old
-
-    def _emit(self, old: Incident | None, inc: Incident, now: float) -> tuple[Incident, list[Event]]:
-        frozen = old is not None and old is inc
+    def _emit(self, inc: Incident, now: float) -> tuple[Incident, list[Event]]:
         silenced = self.silenced(inc, now)
         if silenced != inc.silenced:
             inc = replace(inc, silenced=silenced)
@@ -360,15 +414,28 @@ class Lifecycle:
             return inc, ([Event(EventKind.RESOLVE, inc, now)] if inc.event_emitted else [])
         if silenced or inc.state is IncidentState.PENDING:
             return inc, []
-        if inc.cleared_at is not None or frozen:
-            return inc, []  # in hold-down, or frozen without data: say nothing
+        if inc.cleared_at is not None or inc.blind_since is not None:
+            return inc, []  # in hold-down, or blind: say nothing
+        modes = tuple(f.mode for f in inc.findings) or (inc.mode,)
         if not inc.event_emitted:
-            inc = replace(inc, last_event_at=now, event_severity=inc.severity)
+            inc = replace(inc, last_event_at=now, event_severity=inc.severity, event_mode=inc.mode,
+                          event_modes=modes)
             return inc, [Event(EventKind.FIRE, inc, now)]
-        prev = inc.event_severity
-        if prev is not None and inc.severity.rank > prev.rank:
-            inc = replace(inc, last_event_at=now, event_severity=inc.severity)
-            return inc, [Event(EventKind.UPDATE, inc, now, previous_severity=prev)]
+        changes: list[str] = []
+        prev_sev, prev_mode = inc.event_severity, inc.event_mode
+        if prev_mode is not None and inc.mode is not prev_mode:
+            changes.append(f"mode {prev_mode.value} → {inc.mode.value}")
+        if prev_sev is not None and inc.severity.rank > prev_sev.rank:
+            changes.append(f"severity {prev_sev.value} → {inc.severity.value}")
+        new = [f for f in inc.findings[1:] if f.mode not in inc.event_modes]
+        changes += [f"also {f.mode.value} ({f.severity.value}): {f.summary}" for f in new]
+        if changes:
+            top = inc.severity if prev_sev is None or inc.severity.rank > prev_sev.rank else prev_sev
+            seen_modes = tuple(dict.fromkeys((*inc.event_modes, *modes)))
+            inc = replace(inc, last_event_at=now, event_severity=top, event_mode=inc.mode,
+                          event_modes=seen_modes)
+            return inc, [Event(EventKind.UPDATE, inc, now, previous_severity=prev_sev, previous_mode=prev_mode,
+                               changes=tuple(changes))]
         last = inc.last_event_at or now
         if self.config.reminder_interval > 0 and now - last + _EPS >= self.config.reminder_interval:
             inc = replace(inc, last_event_at=now)
@@ -376,17 +443,17 @@ class Lifecycle:
         return inc, []
 
 
-def _undecided(res: TargetResult, mode: FailureMode) -> str | None:
-    """Why ``mode`` cannot be decided for this (scraped) target, or None when it can.
+def _undecided(r: TargetResult, mode: FailureMode) -> str | None:
+    """Why ``mode`` cannot be decided for this present target, or None when it is decided.
 
-    A result without per-mode verdicts (KV usage missing or stale: the target may be gone)
-    is not handled here; it freezes the incident until data returns or ``forget_after``.
-    """
+    With per-mode verdicts the incident's own mode decides (another mode's blindness does not
+    hold it open); without them (KV usage missing or stale: nothing evaluated) an ``unknown``
+    target is blind."""
     if mode is FailureMode.UNKNOWN:
         return None
-    v = res.mode_verdict(mode)
+    v = r.mode_verdict(mode)
     if v is None:
-        return None  # no mode was evaluated (KV usage missing or stale): the frozen/gone path
+        return "no data (nothing could be evaluated)" if r.state is FailureMode.UNKNOWN else None
     if v.verdict is Verdict.UNDECIDABLE:
         return f"missing: {', '.join(v.blocking) or 'data'}"
     return None
@@ -403,10 +470,10 @@ def _silence_matches(s: Silence, labels: Mapping[str, str], now: float) -> bool:
 
 
 def open_counts(incidents: Mapping[IncidentKey, Incident]) -> dict[tuple[str, str], int]:
-    """Firing incidents by (mode, severity), for the ``kvwatch_incidents_open`` gauge."""
+    """Firing incidents by (primary mode, severity), for the ``kvwatch_incidents_open`` gauge."""
     out: dict[tuple[str, str], int] = {}
     for inc in incidents.values():
         if inc.state is IncidentState.FIRING:
-            k = (inc.key.mode.value, inc.severity.value)
+            k = (inc.mode.value, inc.severity.value)
             out[k] = out.get(k, 0) + 1
     return out

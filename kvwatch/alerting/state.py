@@ -1,26 +1,31 @@
 """Persistent state: open incidents, the delivery outbox and Slack thread references.
 
 The in-process copy (:class:`MemoryStore`) is the source of truth while kvwatch
-runs; :class:`SqliteStore` writes every change through, each change in one
-transaction, so a restart neither re-sends nor forgets. Incidents and the
-outbox entries for their events are committed together: a crash loses both
-(the next cycle recomputes the same events) or keeps both. When the file is
-corrupt or unwritable, :func:`open_store` / :class:`ResilientStore` log one line
-naming the path, count the error and carry on in memory; kvwatch never
-crash-loops on its state file.
+runs. :class:`ResilientStore` writes the whole state after every change as one
+JSON document with a SHA-256 checksum, atomically (temporary file, ``fsync``,
+``rename``): a crash leaves either the old or the new file, never half of one.
 
-Delivery is at-least-once: an attempt is recorded *before* the HTTP call, the
-success after it. A crash between the two (a window of one HTTP request) can
-repeat that one message; it is never lost.
+* A corrupt file (bad checksum, unreadable JSON, a record this version cannot
+  read) is *quarantined*: renamed to ``<path>.corrupt-<unix time>`` with one log
+  line, and kvwatch starts empty. Slack threads are then found again through the
+  message metadata (see :mod:`kvwatch.alerting.sinks.slack`), so no parent is re-posted.
+* An unwritable file or directory (read-only, disk full, permissions) gives one
+  log line, ``kvwatch_state_errors_total`` +1, and kvwatch carries on in memory;
+  every later change retries the file, and one line says when it is written again.
+
+Delivery is idempotent per item: ``attempt`` (the intent) is written *before* the
+HTTP call and ``delivered`` after it; an item found with attempts after a crash is
+reconciled by the sink before it posts again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
-import sqlite3
-import threading
+import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +34,8 @@ from typing import Any, Protocol
 from kvwatch.alerting.lifecycle import Event, Incident, IncidentKey
 
 log = logging.getLogger("kvwatch.alerting.state")
+
+FORMAT = "kvwatch-state/2"
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,15 @@ class OutboxItem:
     @property
     def event_id(self) -> str:
         return self.event.id
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "sink": self.sink, "event": self.event.to_json(), "attempts": self.attempts,
+                "next_attempt_at": self.next_attempt_at, "last_error": self.last_error}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> OutboxItem:
+        return cls(int(d["id"]), str(d["sink"]), Event.from_json(d["event"]), int(d["attempts"]),
+                   float(d["next_attempt_at"]), str(d["last_error"]))
 
 
 @dataclass(frozen=True)
@@ -78,7 +94,7 @@ class StateStore(Protocol):
 
 
 class MemoryStore:
-    """Everything in dictionaries. Also the write-through cache of :class:`ResilientStore`."""
+    """Everything in dictionaries. Also the in-memory copy of :class:`ResilientStore`."""
 
     def __init__(self, path: str = ":memory:") -> None:
         self.path = path
@@ -102,6 +118,10 @@ class MemoryStore:
         self.incidents = dict(incidents)
         for sink, ev in queued:
             self.enqueue(sink, ev)
+        live = {inc.uid for inc in self.incidents.values()} | {i.event.incident.uid for i in self.outbox.values()}
+        for k in [k for k in self.threads if k[0] not in live]:
+            del self.threads[k]
+        self._changed()
 
     def due(self, now: float) -> list[OutboxItem]:
         return sorted((i for i in self.outbox.values() if i.next_attempt_at <= now), key=lambda i: i.id)
@@ -109,13 +129,16 @@ class MemoryStore:
     def attempt(self, item_id: int) -> None:
         if item_id in self.outbox:
             self.outbox[item_id] = replace(self.outbox[item_id], attempts=self.outbox[item_id].attempts + 1)
+            self._changed()
 
     def delivered(self, item_id: int) -> None:
-        self.outbox.pop(item_id, None)
+        if self.outbox.pop(item_id, None) is not None:
+            self._changed()
 
     def failed(self, item_id: int, next_attempt_at: float, error: str) -> None:
         if item_id in self.outbox:
             self.outbox[item_id] = replace(self.outbox[item_id], next_attempt_at=next_attempt_at, last_error=error)
+            self._changed()
 
     def pending(self) -> int:
         return len(self.outbox)
@@ -125,162 +148,134 @@ class MemoryStore:
 
     def set_thread(self, uid: str, sink: str, ref: ThreadRef) -> None:
         self.threads[(uid, sink)] = ref
+        self._changed()
 
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS incidents (key TEXT PRIMARY KEY, data TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS outbox (
-  id INTEGER PRIMARY KEY, sink TEXT NOT NULL, event_id TEXT NOT NULL, event TEXT NOT NULL,
-  attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at REAL NOT NULL DEFAULT 0, last_error TEXT NOT NULL DEFAULT '',
-  UNIQUE (sink, event_id));
-CREATE TABLE IF NOT EXISTS threads (uid TEXT, sink TEXT, channel TEXT, ts TEXT, PRIMARY KEY (uid, sink));
-"""
-
-
-class SqliteStore:
-    """The on-disk copy. Every method is one transaction; raises ``sqlite3.Error`` / ``OSError``."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        if path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(_SCHEMA)
-            self._db.execute("SELECT count(*) FROM incidents").fetchone()  # corrupt files fail here
-
-    def _tx(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                out = fn(self._db)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-            return out
-
-    def load_into(self, mem: MemoryStore) -> None:
-        rows = self._db.execute("SELECT data FROM incidents").fetchall()
-        mem.incidents = {(i := Incident.from_json(json.loads(d))).key: i for (d,) in rows}
-        for row in self._db.execute("SELECT id, sink, event, attempts, next_attempt_at, last_error FROM outbox"):
-            item = OutboxItem(row[0], row[1], Event.from_json(json.loads(row[2])), row[3], row[4], row[5])
-            mem.outbox[item.id] = item
-            mem._next_id = max(mem._next_id, item.id + 1)
-        for uid, sink, channel, ts in self._db.execute("SELECT uid, sink, channel, ts FROM threads"):
-            mem.threads[(uid, sink)] = ThreadRef(channel, ts)
-
-    def commit(self, incidents: Mapping[IncidentKey, Incident], items: Iterable[OutboxItem]) -> None:
-        def run(db: sqlite3.Connection) -> None:
-            db.execute("DELETE FROM incidents")
-            db.executemany(
-                "INSERT INTO incidents (key, data) VALUES (?, ?)",
-                [(str(k), json.dumps(v.to_json())) for k, v in incidents.items()],
-            )
-            db.executemany(
-                "INSERT OR IGNORE INTO outbox (id, sink, event_id, event) VALUES (?, ?, ?, ?)",
-                [(i.id, i.sink, i.event_id, json.dumps(i.event.to_json())) for i in items],
-            )
-
-        self._tx(run)
-
-    def update_item(self, item: OutboxItem) -> None:
-        self._tx(
-            lambda db: db.execute(
-                "UPDATE outbox SET attempts = ?, next_attempt_at = ?, last_error = ? WHERE id = ?",
-                (item.attempts, item.next_attempt_at, item.last_error, item.id),
-            )
-        )
-
-    def delete_item(self, item_id: int) -> None:
-        self._tx(lambda db: db.execute("DELETE FROM outbox WHERE id = ?", (item_id,)))
-
-    def set_thread(self, uid: str, sink: str, ref: ThreadRef) -> None:
-        self._tx(
-            lambda db: db.execute(
-                "INSERT OR REPLACE INTO threads (uid, sink, channel, ts) VALUES (?, ?, ?, ?)",
-                (uid, sink, ref.channel, ref.ts),
-            )
-        )
-
-    def prune_threads(self, keep: set[str]) -> None:
-        def run(db: sqlite3.Connection) -> None:
-            for (uid,) in db.execute("SELECT DISTINCT uid FROM threads").fetchall():
-                if uid not in keep:
-                    db.execute("DELETE FROM threads WHERE uid = ?", (uid,))
-
-        self._tx(run)
+    def _changed(self) -> None:
+        """Hook: a persistent store writes itself here."""
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        """Nothing to release in memory."""
+
+    # ---- the document ---------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "incidents": [inc.to_json() for inc in self.incidents.values()],
+            "outbox": [i.to_json() for i in sorted(self.outbox.values(), key=lambda i: i.id)],
+            "threads": [{"uid": u, "sink": s, "channel": r.channel, "ts": r.ts} for (u, s), r in self.threads.items()],
+            "next_id": self._next_id,
+        }
+
+    def restore(self, doc: Mapping[str, Any]) -> None:
+        """Replace the contents with ``doc``. Raises KeyError / ValueError / TypeError when malformed."""
+        incidents = [Incident.from_json(d) for d in doc["incidents"]]
+        outbox = [OutboxItem.from_json(d) for d in doc["outbox"]]
+        threads = {(str(t["uid"]), str(t["sink"])): ThreadRef(str(t["channel"]), str(t["ts"])) for t in doc["threads"]}
+        self.incidents = {i.key: i for i in incidents}
+        self.outbox = {i.id: i for i in outbox}
+        self.threads = threads
+        self._next_id = max([int(doc["next_id"]), *(i.id + 1 for i in outbox)])
+
+
+def encode(doc: Mapping[str, Any]) -> bytes:
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    return json.dumps({"format": FORMAT, "sha256": digest, "state": json.loads(body)}).encode()
+
+
+def decode(raw: bytes) -> dict[str, Any]:
+    """The state document inside ``raw``; ValueError naming what is wrong when it does not verify."""
+    try:
+        outer = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a kvwatch state file ({exc})") from None
+    if not isinstance(outer, dict) or outer.get("format") != FORMAT:
+        raise ValueError(f"not a {FORMAT} document")
+    body = json.dumps(outer.get("state"), sort_keys=True, separators=(",", ":"))
+    if hashlib.sha256(body.encode()).hexdigest() != outer.get("sha256"):
+        raise ValueError("checksum mismatch (the file was modified or damaged)")
+    state = outer["state"]
+    if not isinstance(state, dict):
+        raise ValueError("state is not an object")
+    return state
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file, fsync and rename. Raises OSError."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class ResilientStore(MemoryStore):
-    """Memory first, then SQLite write-through. A disk failure degrades to memory, once, with one log line."""
+    """Memory first, the file after every change. Never raises for file problems (see module doc)."""
 
-    def __init__(self, path: str, on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(self, path: str, on_error: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         super().__init__(path)
         self._on_error = on_error or (lambda msg: None)
-        self.disk: SqliteStore | None = None
+        self._clock = clock
+        self.file = Path(path)
+        #: the last file problem ("" while the file is in step with memory)
         self.error = ""
+        #: where a corrupt file was moved (None: nothing quarantined)
+        self.quarantined: Path | None = None
+        self._load()
+        if not self.file.exists():
+            self._changed()  # say now, not at the first incident, when the path cannot be written
+
+    def _fail(self, what: str, exc: BaseException | str) -> None:
+        reason = exc if isinstance(exc, str) else (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)
+        msg = f"state file {self.path}: {what}: {reason}"
+        first = not self.error
+        self.error = msg
+        if first:
+            log.error("kvwatch: %s; keeping state in memory, retrying the file on every change", msg)
+        self._on_error(msg)
+
+    def _load(self) -> None:
         try:
-            disk = SqliteStore(path)
-            disk.load_into(self)
-            self.disk = disk
-        except (sqlite3.Error, OSError, ValueError, KeyError, TypeError) as exc:
-            self._degrade(exc)
-
-    def _degrade(self, exc: BaseException) -> None:
-        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        self.error = f"state file {self.path}: {reason}; keeping state in memory (a restart will forget it)"
-        log.error("kvwatch: %s", self.error)
-        self._on_error(self.error)
-        if self.disk is not None:
-            with contextlib.suppress(sqlite3.Error):
-                self.disk.close()
-        self.disk = None
-
-    def _write(self, fn: Callable[[SqliteStore], None]) -> None:
-        if self.disk is None:
+            raw = self.file.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            self._fail("cannot read", exc)
             return
         try:
-            fn(self.disk)
-        except (sqlite3.Error, OSError) as exc:
-            self._degrade(exc)
+            self.restore(decode(raw))
+        except (ValueError, KeyError, TypeError) as exc:
+            dest = self.file.with_name(f"{self.file.name}.corrupt-{int(self._clock())}")
+            try:
+                os.replace(self.file, dest)
+                self.quarantined = dest
+                where = f"moved to {dest}"
+            except OSError as mv:
+                where = f"could not be moved aside ({mv.strerror or mv})"
+            self.incidents, self.outbox, self.threads = {}, {}, {}
+            log.error("kvwatch: state file %s is corrupt (%s); %s; starting empty, Slack threads are looked up "
+                      "before posting", self.path, exc, where)
+            self._on_error(f"state file {self.path}: corrupt: {exc}")
 
-    def commit(self, incidents: Mapping[IncidentKey, Incident], queued: Iterable[tuple[str, Event]]) -> None:
-        self.incidents = dict(incidents)
-        items = [i for sink, ev in queued if (i := self.enqueue(sink, ev)) is not None]
-        self._write(lambda d: d.commit(self.incidents, items))
-        live = {inc.uid for inc in self.incidents.values()} | {i.event.incident.uid for i in self.outbox.values()}
-        stale = [k for k in self.threads if k[0] not in live]
-        if stale:
-            for k in stale:
-                del self.threads[k]
-            self._write(lambda d: d.prune_threads(live))
+    def _changed(self) -> None:
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.file, encode(self.to_json()))
+        except OSError as exc:
+            self._fail("cannot write", exc)
+            return
+        if self.error:
+            log.warning("kvwatch: state file %s written again; it is in step with memory", self.path)
+            self.error = ""
 
-    def attempt(self, item_id: int) -> None:
-        super().attempt(item_id)
-        if item_id in self.outbox:
-            self._write(lambda d: d.update_item(self.outbox[item_id]))
-
-    def delivered(self, item_id: int) -> None:
-        super().delivered(item_id)
-        self._write(lambda d: d.delete_item(item_id))
-
-    def failed(self, item_id: int, next_attempt_at: float, error: str) -> None:
-        super().failed(item_id, next_attempt_at, error)
-        if item_id in self.outbox:
-            self._write(lambda d: d.update_item(self.outbox[item_id]))
-
-    def set_thread(self, uid: str, sink: str, ref: ThreadRef) -> None:
-        super().set_thread(uid, sink, ref)
-        self._write(lambda d: d.set_thread(uid, sink, ref))
-
-    def close(self) -> None:
-        if self.disk is not None:
-            self.disk.close()
-            self.disk = None
+    @property
+    def disk(self) -> bool:
+        """True while the file holds the current state."""
+        return not self.error

@@ -4,6 +4,11 @@ One instant query asks Prometheus which of the metric names any dialect uses
 exist, grouped by target: the set of names tells the dialect and which signals
 each target can provide. A second query finds targets that reported KV usage
 during the window but not now (stale), so they are reported, not forgotten.
+When there are stale targets, a third asks for ``up``: a stale target whose
+``up`` series is absent while its job still has ``up`` series left scraping
+(deleted pod, rollout, dropped from discovery) and is marked ``gone``; one with
+``up`` present (scrape failing) or whose job has no ``up`` at all (a store
+without scrape metadata) stays blind.
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ def discover(
     """Targets live at ``at`` plus stale ones (KV usage seen in the window, none now)."""
     live = parse_discovery(client.instant(discovery_query(user_matchers), at), allowed)
     seen = {t.key for t in live}
+    stale: list[TargetKey] = []
     for row in client.instant(stale_query(user_matchers, window_s), at):
         m = row.get("metric", {})
         if "instance" not in m:
@@ -107,5 +113,20 @@ def discover(
         key = TargetKey(m.get("job", ""), m["instance"])
         if key not in seen:
             seen.add(key)
-            live.append(Target(key, "stale", "unknown"))
+            stale.append(key)
+    if stale:
+        scraped, jobs = _scraped(client, at, user_matchers)
+        live += [Target(k, "stale", "unknown", gone=k not in scraped and k.job in jobs) for k in stale]
     return live
+
+
+def up_query(user_matchers: str) -> str:
+    return f"group by (job, instance) ({selector('up', user_matchers)})"
+
+
+def _scraped(client: QueryClient, at: datetime, user_matchers: str) -> tuple[set[TargetKey], set[str]]:
+    """Targets Prometheus scrapes at ``at`` (an ``up`` series exists) and the jobs they belong to."""
+    keys = {TargetKey(m.get("job", ""), m["instance"])
+            for row in client.instant(up_query(user_matchers), at)
+            if "instance" in (m := row.get("metric", {}))}
+    return keys, {k.job for k in keys}

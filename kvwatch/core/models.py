@@ -68,6 +68,9 @@ class Target:
     engine: str
     model: str = ""
     names: frozenset[str] = frozenset()
+    #: no longer scraped: ``up`` is absent for it (deleted pod, rollout, dropped from discovery);
+    #: unlike a blind target (present, signals missing) its incidents resolve as "gone"
+    gone: bool = False
 
     @property
     def labels(self) -> dict[str, str]:
@@ -272,6 +275,7 @@ class TargetResult:
             "missing_signals": list(self.missing_signals),
             "blind_spots": {"blocking": list(self.blocking), "harmless": list(self.harmless)},
             "modes": {v.mode.value: v.to_json() for v in self.modes},
+            **({"gone": True} if self.target.gone else {}),
             "facts": {k: (None if v is None else round(v, 6)) for k, v in self.facts.items()},
         }
 

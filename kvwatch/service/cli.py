@@ -19,7 +19,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     add_common(p)
     add_shard_flag(p)
     p.add_argument("--interval", metavar="DUR", help="evaluation interval, e.g. 60s")
-    p.add_argument("--state", metavar="FILE", help="SQLite state file (default: state.path)")
+    p.add_argument("--state", metavar="FILE", help="state file (default: state.path)")
     p.add_argument("--listen", metavar="HOST:PORT", help="address of /metrics, /healthz, /readyz")
     p.add_argument("--dry-run", action="store_true", help="evaluate and log; send nothing, write no state")
     p.add_argument("--once", action="store_true", help="run one cycle and exit (0 ok, 3 Prometheus error)")
@@ -53,6 +53,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         level=getattr(logging, args.log_level), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(message)s",
     )
+    # one line per cycle: the scheduler's job lines and the HTTP clients' retry lines repeat kvwatch's own
+    for noisy in ("apscheduler", "slack_sdk", "urllib3"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     settings, rules = _load(args)
     metrics = SelfMetrics()
     opts = RunOptions(dry_run=args.dry_run, once=args.once)

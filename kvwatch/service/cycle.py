@@ -2,6 +2,12 @@
 
 A cycle never raises: any failure is logged as one line, counted, and the next
 cycle runs. Exactly one summary line per cycle is logged.
+
+Deadlines keep a cycle inside its interval (together 85 % of it), so the scheduler never skips one:
+evaluation gets ``EVAL_SHARE`` of the interval (it runs on a worker thread; one
+that overruns is abandoned, its result discarded, and no new one starts while it
+still runs), delivery gets ``DELIVERY_SHARE`` (items not tried stay queued). The
+summary line says what was dropped.
 """
 
 from __future__ import annotations
@@ -14,14 +20,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from kvwatch.alerting.lifecycle import EventKind, Lifecycle
+from kvwatch.alerting.lifecycle import EventKind, Lifecycle, findings_of
 from kvwatch.alerting.sinks.alertmanager import AlertmanagerSink
-from kvwatch.alerting.sinks.base import Notifier
+from kvwatch.alerting.sinks.base import DeliveryError, Notifier
 from kvwatch.alerting.sinks.console import event_line
 from kvwatch.alerting.sinks.outbox import drain
 from kvwatch.alerting.state import MemoryStore
 from kvwatch.config import Settings
-from kvwatch.core.models import Evaluation
+from kvwatch.core.models import Evaluation, FailureMode
 from kvwatch.core.pipeline import evaluate
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.rules import RuleSet
@@ -30,6 +36,10 @@ from kvwatch.service.ha import LEADER_SINKS, Lease
 from kvwatch.service.selfmetrics import SelfMetrics
 
 log = logging.getLogger("kvwatch.service")
+
+#: shares of the evaluation interval given to evaluation and to delivery (the rest is slack)
+EVAL_SHARE = 0.7
+DELIVERY_SHARE = 0.15
 
 
 def aligned(now: float, step_s: float) -> datetime:
@@ -41,6 +51,10 @@ def aligned(now: float, step_s: float) -> datetime:
     """
     at = math.floor(now / step_s) * step_s if step_s > 0 else now
     return datetime.fromtimestamp(at, tz=UTC)
+
+
+class _Dropped(Exception):
+    """A stage was dropped because of its deadline; the message names it."""
 
 
 @dataclass
@@ -55,6 +69,10 @@ class CycleReport:
     failed: int = 0
     queued: int = 0
     queries: int = 0
+    dead: int = 0
+    delivery_error: str = ""
+    #: what this cycle left undone because of a deadline, in words
+    dropped: list[str] = field(default_factory=list)
     error: str = ""
 
     def line(self, dry_run: bool = False) -> str:
@@ -62,8 +80,11 @@ class CycleReport:
         head = f"kvwatch cycle {'ok' if self.ok else 'error'}{' (dry-run)' if dry_run else ''} in {self.duration_s:.2f}s"
         body = (f"targets: {sum(self.states.values())} ({states}); incidents: fired {self.fired}, "
                 f"resolved {self.resolved}, open {self.open}; notifications: sent {self.sent}, failed {self.failed}, "
-                f"queued {self.queued}; queries {self.queries}")
-        return f"{head}: {body}" + (f"; error: {self.error}" if self.error else "")
+                f"queued {self.queued}{f', dead {self.dead}' if self.dead else ''}; queries {self.queries}")
+        tail = f"; dropped: {', '.join(self.dropped)}" if self.dropped else ""
+        if self.delivery_error:
+            tail += f"; last delivery error (will retry): {self.delivery_error}"
+        return f"{head}: {body}{tail}" + (f"; error: {self.error}" if self.error else "")
 
 
 @dataclass
@@ -87,6 +108,11 @@ class Service:
     last_ok_at: float | None = None
     last_report: CycleReport | None = None
     running: threading.Lock = field(default_factory=threading.Lock)
+    _worker: threading.Thread | None = field(default=None, init=False, repr=False)
+    #: engines evaluated as clear (or gone) with no incident, at the last evaluation
+    _clear: set[tuple[str, str]] | None = field(default=None, init=False, repr=False)
+    #: open Slack threads of such engines were resolved once after start
+    _swept: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.lifecycle = Lifecycle(self.settings.lifecycle)
@@ -106,30 +132,65 @@ class Service:
         stats = getattr(self.client, "stats", None)
         return getattr(stats, "queries", 0), getattr(stats, "errors", 0)
 
+    def _evaluate(self, now: float, budget: float) -> Evaluation | None:
+        """Run the evaluator on a worker thread for at most ``budget`` seconds (None: dropped)."""
+        if self._worker is not None and self._worker.is_alive():
+            raise _Dropped("evaluation (the previous one is still running)")
+        box: dict[str, object] = {}
+
+        def work() -> None:
+            try:
+                box["ok"] = self.evaluator(self.client, self.settings, self.rules, aligned(now, self.settings.evaluation.step))
+            except BaseException as exc:  # handed to the cycle thread below
+                box["err"] = exc
+
+        self._worker = threading.Thread(target=work, name="kvwatch-evaluation", daemon=True)
+        self._worker.start()
+        self._worker.join(budget)
+        if self._worker.is_alive():
+            raise _Dropped(f"evaluation (over its {budget:.3g}s deadline)")
+        if "err" in box:
+            raise box["err"]  # type: ignore[misc]
+        return box["ok"]  # type: ignore[return-value]
+
     def _cycle(self) -> CycleReport:
         t0 = time.monotonic()
         now = self.clock()
+        interval = self.settings.evaluation.interval
         q0, e0 = self._queries()
         report = CycleReport(ok=True, duration_s=0.0)
         try:
-            ev = self.evaluator(self.client, self.settings, self.rules, aligned(now, self.settings.evaluation.step))
-            self._track(ev, now, report)
+            ev = self._evaluate(now, EVAL_SHARE * interval)
+            if ev is not None:
+                self._track(ev, now, report)
+        except _Dropped as exc:
+            report.ok = False
+            report.dropped.append(str(exc))
+            report.open = sum(i.state.value == "firing" for i in self.store.load().values())
         except KvwatchError as exc:
             report.ok, report.error = False, str(exc)
+            report.open = sum(i.state.value == "firing" for i in self.store.load().values())
         except Exception as exc:  # a cycle must survive anything; the summary line says what
             report.ok, report.error = False, f"{type(exc).__name__}: {exc}"
+            report.open = sum(i.state.value == "firing" for i in self.store.load().values())
         if not self.dry_run:
             try:
                 hold: frozenset[str] = frozenset()
                 if self.lease is not None and self.lease.refresh(self.client, now) == "follower":
                     self.lease.settle(self.store, self.settings.evaluation.interval)
                     hold = LEADER_SINKS  # the leader posts these; we keep them until it is gone
-                d = drain(self.store, self.notifiers, now, on_result=self.metrics.notified, hold=hold)
-                report.sent, report.failed = d.sent, d.failed
-                for err in d.errors[:3]:
-                    log.warning("kvwatch: notification not delivered, will retry: %s", err)
+                d = drain(self.store, self.notifiers, now, on_result=self.metrics.notified,
+                          deadline=time.monotonic() + DELIVERY_SHARE * interval, hold=hold)
+                report.sent, report.failed, report.dead = d.sent, d.failed, d.dead
+                if d.overdue:
+                    report.dropped.append(f"{d.overdue} deliveries (delivery deadline; queued for the next cycle)")
+                if d.errors:  # in the one summary line, not a line per failure
+                    report.delivery_error = d.errors[-1]
             except Exception as exc:
                 report.ok, report.error = False, report.error or f"delivery: {type(exc).__name__}: {exc}"
+        leader = self.lease is None or self.lease.role == "leader"  # a follower posts nothing to Slack
+        if not self.dry_run and leader and not self._swept and self._clear is not None:
+            self._sweep(now, report)
         report.queued = self.store.pending()
         q1, e1 = self._queries()
         report.queries = q1 - q0
@@ -147,6 +208,19 @@ class Service:
         (log.info if report.ok else log.error)("%s", report.line(self.dry_run))
         return report
 
+    def _sweep(self, now: float, report: CycleReport) -> None:
+        """Once after start: resolve Slack threads left open for engines that are clear now."""
+        slack = self.notifiers.get("slack")
+        clear = self._clear or set()
+        if slack is None or not clear or not hasattr(slack, "sweep"):
+            self._swept = True
+            return
+        try:
+            report.resolved += slack.sweep(clear, now)
+            self._swept = True
+        except DeliveryError as exc:
+            report.delivery_error = str(exc)  # tried again next cycle
+
     def _track(self, ev: Evaluation, now: float, report: CycleReport) -> None:
         self.metrics.observe_evaluation(ev)
         for r in ev.results:
@@ -163,6 +237,9 @@ class Service:
             if self.alertmanager is not None:
                 for res in self.alertmanager.sync(incidents.values(), now):
                     self.metrics.notified("alertmanager", "ok" if res.ok else "error")
+        known = {(k.job, k.instance) for k in incidents}
+        self._clear = {(r.target.key.job, r.target.key.instance) for r in ev.results
+                       if not findings_of(r) and (r.target.gone or r.state is not FailureMode.UNKNOWN)} - known
         self.metrics.observe_incidents(incidents)
         report.open = sum(i.state.value == "firing" for i in incidents.values())
 

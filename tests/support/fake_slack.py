@@ -1,9 +1,13 @@
 """A local fake of the Slack Web API and of incoming webhooks, for the real ``slack_sdk``.
 
-Implements ``chat.postMessage``, ``chat.update``, ``files.getUploadURLExternal``,
+Implements ``chat.postMessage``, ``chat.update`` (both keep message ``metadata``),
+``conversations.history`` (newest first, ``oldest``, metadata only with
+``include_all_metadata``), ``conversations.list``, ``files.getUploadURLExternal``,
 the upload URL, ``files.completeUploadExternal``, ``files.info`` and a webhook
 path (``/webhook/...``). Records every request with its arrival time (monotonic).
-``fail_next(n, status, retry_after)`` answers the next ``n`` calls with an error.
+``fail_next(n, status, retry_after, error, method)`` answers the next ``n`` calls with an error;
+``hook(method, phase, body)`` is called ``"before"`` a call is processed and ``"after"`` it was
+(before the answer is sent): the crash tests kill kvwatch there.
 
 Messages are checked against Slack's Block Kit limits (:func:`block_errors`, written
 independently of kvwatch's own clipping) and refused like Slack refuses them:
@@ -16,8 +20,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -103,7 +107,8 @@ class FakeSlack:
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self.messages: dict[tuple[str, str], dict[str, Any]] = {}  # (channel, ts) → latest message
-        self._fail: list[tuple[int, float | None]] = []
+        self._fail: list[tuple[int, float | None, str, str]] = []
+        self.hook: Callable[[str, str, dict[str, Any]], None] | None = None
         self._lock = threading.Lock()
         self._ts = 1_700_000_000
         self.url = ""
@@ -112,9 +117,16 @@ class FakeSlack:
         self.rejected: list[tuple[str, list[str]]] = []
 
     # ---- test controls -------------------------------------------------------------------------
-    def fail_next(self, n: int, status: int = 500, retry_after: float | None = None) -> None:
+    def fail_next(self, n: int, status: int = 500, retry_after: float | None = None, error: str = "",
+                  method: str = "") -> None:
+        """Answer the next ``n`` calls (of ``method``, if given) with ``status`` and Slack ``error``."""
         with self._lock:
-            self._fail.extend([(status, retry_after)] * n)
+            self._fail.extend([(status, retry_after, error, method)] * n)
+
+    def parents(self, channel: str | None = None) -> list[tuple[str, str]]:
+        """(channel, ts) of every top-level message, oldest first."""
+        return sorted(((c, ts) for (c, ts), m in self.messages.items()
+                       if not m.get("thread_ts") and (channel is None or c == channel)), key=lambda k: k[1])
 
     def of(self, method: str, ok_only: bool = True) -> list[Call]:
         return [c for c in self.calls if c.method == method and (c.status == 200 or not ok_only)]
@@ -129,13 +141,17 @@ class FakeSlack:
 
     # ---- request handling ----------------------------------------------------------------------
     def handle(self, method: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, str], Any]:
+        if self.hook is not None:
+            self.hook(method, "before", body)
         with self._lock:
-            failure = self._fail.pop(0) if self._fail else None
+            idx = next((i for i, f in enumerate(self._fail) if not f[3] or f[3] == method), None)
+            failure = self._fail.pop(idx) if idx is not None else None
             if failure is not None:
-                status, retry = failure
+                status, retry, error, _ = failure
                 self.calls.append(Call(method, body, time.monotonic(), status, headers))
                 extra = {"Retry-After": str(int(retry))} if retry is not None else {}
-                return status, extra, {"ok": False, "error": "ratelimited" if status == 429 else "fatal_error"}
+                err = error or ("ratelimited" if status == 429 else "fatal_error")
+                return status, extra, {"ok": False, "error": err}
             errs = message_errors(body) if method in ("chat.postMessage", "chat.update", "webhook") else []
             if errs:
                 self.rejected.append((method, errs))
@@ -143,8 +159,11 @@ class FakeSlack:
                 if method == "webhook":
                     return 400, {}, "invalid_blocks"
                 return 200, {}, {"ok": False, "error": "invalid_blocks", "errors": errs}
+            answer = self._answer(method, body)
             self.calls.append(Call(method, body, time.monotonic(), 200, headers))
-            return 200, {}, self._answer(method, body)
+        if self.hook is not None:
+            self.hook(method, "after", body)
+        return 200, {}, answer
 
     def _answer(self, method: str, body: dict[str, Any]) -> Any:
         if method == "webhook":
@@ -153,14 +172,25 @@ class FakeSlack:
             self._ts += 1
             ts = f"{self._ts}.000100"
             channel = body.get("channel", "")
-            self.messages[(channel, ts)] = dict(body)
+            self.messages[(channel, ts)] = {**_decoded(body), "ts": ts}
             return {"ok": True, "channel": channel, "ts": ts, "message": {"text": body.get("text", "")}}
         if method == "chat.update":
             key = (body.get("channel", ""), body.get("ts", ""))
             if key not in self.messages:
                 return {"ok": False, "error": "message_not_found"}
-            self.messages[key] = {**self.messages[key], **body}
+            self.messages[key] = {**self.messages[key], **_decoded(body)}
             return {"ok": True, "channel": key[0], "ts": key[1]}
+        if method == "conversations.history":
+            channel, oldest = body.get("channel", ""), float(body.get("oldest") or 0)
+            meta = str(body.get("include_all_metadata", "")).lower() in ("1", "true")
+            msgs = [{k: v for k, v in m.items() if meta or k != "metadata"}
+                    for (c, ts), m in sorted(self.messages.items(), key=lambda kv: kv[0][1], reverse=True)
+                    if c == channel and not m.get("thread_ts") and float(ts) >= oldest]
+            return {"ok": True, "messages": msgs, "has_more": False}
+        if method == "conversations.list":
+            names = sorted({c for c, _ in self.messages} | {"#kvwatch"})
+            return {"ok": True, "channels": [{"id": n, "name": n.lstrip("#")} for n in names],
+                    "response_metadata": {"next_cursor": ""}}
         if method == "files.getUploadURLExternal":
             fid = f"F{len(self.uploads) + 1:04d}"
             self.uploads[fid] = 0
@@ -178,6 +208,16 @@ class FakeSlack:
     def _record_upload(self, fid: str, size: int) -> None:
         with self._lock:
             self.uploads[fid] = size
+
+
+def _decoded(body: dict[str, Any]) -> dict[str, Any]:
+    """Form-encoded calls carry JSON strings (``metadata``, ``blocks``): keep them as objects."""
+    out = dict(body)
+    for k in ("metadata", "blocks"):
+        if isinstance(out.get(k), str):
+            with suppress(ValueError):
+                out[k] = json.loads(out[k])
+    return out
 
 
 def _handler(fake: FakeSlack) -> type[BaseHTTPRequestHandler]:

@@ -10,12 +10,16 @@ from kvwatch.redact import scrub
 
 
 class DeliveryError(Exception):
-    """A message was not delivered. ``retry_after`` (seconds) when the sink said when to retry."""
+    """A message was not delivered. ``retry_after`` (seconds) when the sink said when to retry;
+    ``permanent`` when no retry can succeed (``hint`` then names the route and the fix)."""
 
-    def __init__(self, sink: str, detail: str, retry_after: float | None = None) -> None:
+    def __init__(self, sink: str, detail: str, retry_after: float | None = None, *, permanent: bool = False,
+                 hint: str = "") -> None:
         self.sink = sink
         self.detail = scrub(detail)  # library errors may quote the webhook URL or a token
         self.retry_after = retry_after
+        self.permanent = permanent
+        self.hint = hint
         super().__init__(f"{sink}: {self.detail}")
 
 

@@ -153,13 +153,13 @@ def _clock(ts: float) -> str:
 def title(inc: Incident) -> str:
     """``MODE · severity · job/instance``, raw (not escaped, not clipped): escape where it is used."""
     target = f"{inc.key.job}/{inc.key.instance}" if inc.key.job else inc.key.instance
-    return f"{inc.key.mode.value.upper()} · {inc.severity.value} · {target}"
+    return f"{inc.mode.value.upper()} · {inc.severity.value} · {target}"
 
 
 def status_line(inc: Incident, now: float) -> str:
     if inc.state is IncidentState.RESOLVED:
         end = inc.resolved_at or now
-        how = "target gone (no data)" if inc.resolution == "gone" else "cleared"
+        how = {"gone": "target gone from scraping", "expired": "no data for too long"}.get(inc.resolution, "cleared")
         return f":white_check_mark: *RESOLVED* after {human_duration(end - inc.started_at)} ({how}, {_clock(end)})"
     since = inc.fired_at or inc.started_at
     line = f":rotating_light: *FIRING* since {_clock(since)} ({human_duration(now - inc.started_at)} so far)"
@@ -171,7 +171,7 @@ def status_line(inc: Incident, now: float) -> str:
 
 def fallback_text(event: Event) -> str:
     inc = event.incident
-    verb = {EventKind.FIRE: "", EventKind.UPDATE: "escalated: ", EventKind.REMIND: "still firing: ",
+    verb = {EventKind.FIRE: "", EventKind.UPDATE: "changed: ", EventKind.REMIND: "still firing: ",
             EventKind.RESOLVE: "resolved: ", EventKind.BLIND: "blind, held open: "}[event.kind]
     return clip(f"kvwatch {verb}{esc(title(inc))}: {esc(inc.summary)}", LIMITS["fallback"])
 
@@ -192,8 +192,12 @@ def parent_blocks(inc: Incident, now: float, links: dict[str, str]) -> list[Bloc
     blocks: list[Block] = [
         {"type": "header", "text": plain(title(inc), LIMITS["header"])},
         {"type": "section", "text": md(status_line(inc, now))},
-        {"type": "section", "text": md(f"{ICON[inc.key.mode]} {esc(inc.summary)}")},
+        {"type": "section", "text": md(f"{ICON[inc.mode]} {esc(inc.summary)}")},
     ]
+    others = [f for f in inc.findings if f.mode is not inc.mode]
+    if others:
+        also = "\n".join(f"{ICON[f.mode]} *{f.mode.value}* ({f.severity.value}): {esc(f.summary)}" for f in others)
+        blocks.append({"type": "section", "text": md(f"*Also seen*\n{also}")})
     fields = evidence_fields(inc)
     if fields:
         blocks.append({"type": "section", "fields": fields})
@@ -224,17 +228,17 @@ def reply_text(event: Event) -> str:
     """The thread reply for update / remind / resolve (and the body of webhook messages), escaped and clipped."""
     inc = event.incident
     if event.kind is EventKind.UPDATE:
-        was = event.previous_severity.value if event.previous_severity else "?"
-        text = f":arrow_up: Escalated to *{inc.severity.value}* (was {was}): {esc(inc.summary)}"
+        what = "; ".join(event.changes) or f"now {inc.mode.value} · {inc.severity.value}"
+        text = f":arrows_counterclockwise: Changed: {esc(what)}. Now: {esc(inc.summary)}"
     elif event.kind is EventKind.REMIND:
         text = f":alarm_clock: Still firing after {human_duration(event.at - inc.started_at)}: {esc(inc.summary)}"
     elif event.kind is EventKind.RESOLVE:
         text = status_line(inc, event.at)
     elif event.kind is EventKind.BLIND:
-        text = (f":see_no_evil: Signals lost ({esc(inc.blind_reason)}): kvwatch cannot decide {inc.key.mode.value} "
+        text = (f":see_no_evil: Signals lost ({esc(inc.blind_reason)}): kvwatch cannot decide {inc.mode.value} "
                 "any more, so this incident stays open until they return.")
     else:
-        text = f"{ICON[inc.key.mode]} {esc(title(inc))}: {esc(inc.summary)}"
+        text = f"{ICON[inc.mode]} {esc(title(inc))}: {esc(inc.summary)}"
     return clip(text, LIMITS["fallback"])
 
 

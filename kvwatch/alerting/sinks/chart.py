@@ -55,7 +55,7 @@ def render_png(settings: Settings, client: QueryClient, inc: Incident, now: floa
                 plotted += 1
         ax.set_ylabel(title, fontsize=8)
         ax.axvline(datetime.fromtimestamp(inc.started_at, tz=UTC), color="red", linestyle="--", linewidth=0.8)
-    axes[0].set_title(f"{inc.key.job}/{inc.key.instance}: {inc.key.mode.value}", fontsize=10)
+    axes[0].set_title(f"{inc.key.job}/{inc.key.instance}: {inc.mode.value}", fontsize=10)
     if not plotted:
         return None
     buf = io.BytesIO()

@@ -14,7 +14,7 @@ log = logging.getLogger("kvwatch.alerts")
 def event_line(event: Event) -> str:
     inc = event.incident
     first = inc.triage[0] if inc.triage else ""
-    line = (f"kvwatch alert {event.kind.value} mode={inc.key.mode.value} severity={inc.severity.value} "
+    line = (f"kvwatch alert {event.kind.value} mode={inc.mode.value} severity={inc.severity.value} "
             f"target={inc.key.job}/{inc.key.instance} rule={inc.rule_id}: {inc.summary}")
     out = f"{line} | first: {first}" if first and event.kind.value == "fire" else line
     return printable(out)  # one event, one line: a newline in a label cannot forge another

@@ -92,6 +92,20 @@ def _signal_inputs(name: str) -> tuple[str, ...]:
     return DERIVED_INPUTS.get(name, (name,))
 
 
+def covered_s(view: TargetView, span_s: float) -> float:
+    """Seconds of the last ``span_s`` that KV samples cover: from the first sample inside it (which
+    stands for one step) to ``at``. Gaps inside are allowed (range queries fill them from the lookback)."""
+    st = view.stats(Signal.KV_USAGE.value, span_s)
+    if st is None or not len(st):
+        return 0.0
+    return min(span_s, view.p.at - float(st.ts[0]) + view.p.step_s)
+
+
+def _span(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s / 60:g}m" if s >= 60 else f"{s}s"
+
+
 def diagnose_target(
     view: TargetView, rules: RuleSet, group: dict[str, float | None], explain: bool = False
 ) -> TargetResult:
@@ -113,7 +127,9 @@ def diagnose_target(
         )
 
     if view.target.dialect == "stale":
-        reason = "KV usage was reported during the window but no engine metrics exist now (target gone or no longer scraped)"
+        reason = ("target gone from scraping (no `up` series now): its incidents resolve as gone"
+                  if view.target.gone else
+                  "KV usage was reported during the window but no engine metrics exist now (scrape failing?)")
         return blind(reason, ("kv_usage",))
     for sig in REQUIRED_SIGNALS:
         if sig not in sourced:
@@ -123,17 +139,27 @@ def diagnose_target(
     coverage = view.stat(Signal.KV_USAGE.value, p.window_s, "coverage") or 0.0
     found: list[Diagnosis] = []
     checks: list[RuleCheck] = []
+    not_yet: list[str] = []
     for rule in rules.rules:
         ev = RuleEval(view, rule, facts, explain)
         result = ev.node(rule.when)
+        span = min(rule.for_, p.window_s)
+        uncovered = False
+        if result:
+            covered = covered_s(view, span)
+            if covered + max(2 * p.step_s, 0.05 * span) < span:
+                # 38 s of data cannot show "pinned for 10 min": undecidable until samples cover the span
+                result, uncovered = None, True
+                ev.unknown.add(Signal.KV_USAGE.value)
+                not_yet.append(f"rule {rule.id} matches but samples cover only {_span(covered)} "
+                               f"of its {_span(span)} `for`")
         verdict = Verdict.UNDECIDABLE if result is None else Verdict.MATCHED if result else Verdict.NOT_MATCHED
         checks.append(
             RuleCheck(rule.id, rule.mode, rule.cause, verdict, tuple(sorted({i for u in ev.unknown for i in _signal_inputs(u)})),
-                      result is None and ev.points, tuple(ev.conditions), tuple(ev.parts))
+                      (result is None and ev.points) or uncovered, tuple(ev.conditions), tuple(ev.parts))
         )
         if not result:
             continue
-        span = min(rule.for_, p.window_s)
         ctx = TemplateContext(view, span, facts)
         found.append(
             Diagnosis(
@@ -161,7 +187,9 @@ def diagnose_target(
         found.insert(0, _undecided(view, decision, structural))
     elif decision.state is FailureMode.HEALTHY:
         found.append(_healthy(view))
-    blind_rules = [f"rule {c.rule_id} undecidable ({', '.join(c.unknown)})" for c in checks if c.verdict is Verdict.UNDECIDABLE]
+    blind_rules = [f"rule {c.rule_id} undecidable ({', '.join(c.unknown)})" for c in checks
+                   if c.verdict is Verdict.UNDECIDABLE and not any(n.startswith(f"rule {c.rule_id} ") for n in not_yet)]
+    blind_rules += not_yet
     return TargetResult(
         view.target, decision.state, tuple(found), tuple(missing + blind_rules), facts,
         modes=modes, blocking=blocking, checks=tuple(checks),

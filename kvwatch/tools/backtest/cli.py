@@ -22,6 +22,12 @@ def add_parser(subparsers: Any) -> None:
         ),
     )
     add_common(p)
+    for action in p._actions:  # same flag, backtest meaning: the replay step, not the data resolution
+        if "--step" in action.option_strings:
+            action.help = ("evaluate every DUR (default: evaluation.interval); a multiple of --resolution, "
+                           "e.g. 1m")
+    p.add_argument("--resolution", metavar="DUR",
+                   help="resolution of the range queries (evaluation.step), e.g. 30s")
     p.add_argument("--from", dest="start", metavar="T0", required=True, help="first instant (RFC 3339 or Unix s)")
     p.add_argument("--to", dest="end", metavar="T1", required=True, help="last instant (RFC 3339 or Unix s)")
     p.add_argument("--labels", metavar="FILE", help="expected modes per target (YAML/JSON) to score against")
@@ -44,14 +50,19 @@ def _cmd_backtest(args: argparse.Namespace) -> int:
     from kvwatch.tools.backtest.replay import run_backtest
     from kvwatch.tools.backtest.scoring import score
 
-    # --step is the backtest step here; the data resolution stays evaluation.step from the config
-    step_flag, args.step = args.step, None
+    # --step is the backtest step here; the data resolution is --resolution (evaluation.step)
+    step_flag, args.step = args.step, args.resolution
     step_s = None
     if step_flag is not None:
         try:
             step_s = parse_duration(step_flag)
         except ValueError as exc:
             raise ConfigError(f"--step: {exc}") from None
+    if args.html:
+        try:
+            import matplotlib  # noqa: F401  (checked before any work: the text report is never lost)
+        except ImportError:
+            raise ConfigError("--html needs matplotlib: pip install 'kvwatch[charts]'") from None
     from kvwatch.cli import settings_from_args
 
     settings = settings_from_args(args)

@@ -54,8 +54,8 @@ def check_step(step_s: float, resolution_s: float) -> None:
     ratio = step_s / resolution_s
     if step_s <= 0 or abs(ratio - round(ratio)) > 1e-9 or round(ratio) < 1:
         raise ConfigError(
-            f"--step: got {format_duration(step_s)}, expected a multiple of evaluation.step "
-            f"({format_duration(resolution_s)})"
+            f"--step: got {format_duration(step_s)}, expected a multiple of the data resolution "
+            f"({format_duration(resolution_s)}; set it with --resolution or evaluation.step)"
         )
 
 
@@ -70,7 +70,7 @@ class _IncidentLog:
             if inc.fired_at is None:
                 continue  # pending only: never raised
             self.records[(key, inc.started_at)] = IncidentRecord(
-                mode=key.mode,
+                mode=inc.mode,
                 severity=inc.severity,
                 rule=inc.rule_id,
                 pending_at=inc.started_at,
