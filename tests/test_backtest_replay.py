@@ -112,7 +112,7 @@ def test_step_grid_and_validation() -> None:
     assert step_times(100.0, 100.0, 30.0) == (100.0,)
     check_step(60.0, 30.0)
     for bad in (45.0, 15.0, 0.0):
-        with pytest.raises(ConfigError, match=r"multiple of evaluation\.step"):
+        with pytest.raises(ConfigError, match=r"multiple of the data resolution .*--resolution or evaluation\.step"):
             check_step(bad, 30.0)
 
 
