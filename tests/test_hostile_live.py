@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -87,6 +87,10 @@ def test_hostile_labels_flow_through_slack_alertmanager_and_terminal(
     assert main(["explain", "forged", "--prometheus-url", live.prom, "--at", live.at]) == 0
     explained = capsys.readouterr().out
     assert "forged line" in explained and not _CONTROL.search(explained), repr(explained[:300])
+    start = (datetime.fromisoformat(live.at.replace("Z", "+00:00")) - timedelta(minutes=5)).isoformat()
+    assert main(["backtest", "--prometheus-url", live.prom, "--from", start, "--to", live.at]) == 0
+    replayed = capsys.readouterr().out
+    assert "forged line" in replayed and not _CONTROL.search(replayed), repr(replayed[:300])
     # JSON keeps the real values (machine-readable, escaped by JSON itself)
     assert main(["once", "--prometheus-url", live.prom, "--at", live.at, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from kvwatch.durations import format_duration
+from kvwatch.textsafe import safe_label
 from kvwatch.tools.backtest.models import BacktestResult, iso
 
 
@@ -53,7 +54,7 @@ def to_text(result: BacktestResult) -> str:
         "",
     ]
     for tl in result.timelines:
-        lines.append(f"{tl.target.key}  {tl.target.engine}/{tl.target.dialect}")
+        lines.append(f"{safe_label(str(tl.target.key), 200)}  {safe_label(f'{tl.target.engine}/{tl.target.dialect}', 60)}")
         changes = tl.changes()
         for i, (t, state) in enumerate(changes):
             if i + 1 < len(changes):
