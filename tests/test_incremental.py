@@ -123,9 +123,9 @@ def test_incremental_equals_full_fetch_on_a_live_simulator(live: str) -> None:
         if n >= len(PRESETS):
             break
         time.sleep(1)
-    time.sleep(20)  # part of the window filled: early cycles splice gaps, later ones data
+    time.sleep(10)  # part of the window filled: early cycles splice gaps, later ones data
     modes, problems = [], []
-    for cycle, wait_steps in enumerate((0, 1, 2, 1, 3, 1)):
+    for cycle, wait_steps in enumerate((0, 1, 2, 1, 3)):
         time.sleep(wait_steps * STEP)
         # a couple of seconds back: every scrape up to the instant is in Prometheus for both fetches
         at = datetime.fromtimestamp(math.floor((time.time() - 2.5) / STEP) * STEP, tz=UTC)
@@ -138,7 +138,7 @@ def test_incremental_equals_full_fetch_on_a_live_simulator(live: str) -> None:
         problems += [f"cycle {cycle} ({inc.last_mode}): {p}" for p in _compare(got, full, inc.data, full_data)]
         modes.append((inc.last_mode, inc.last_steps, inc.last_discovered))
     assert not problems, "\n".join(problems[:20])
-    assert modes[0][0] == "full" and [m for m, _, _ in modes[1:]].count("incremental") >= 4, modes
+    assert modes[0][0] == "full" and [m for m, _, _ in modes[1:]].count("incremental") >= 3, modes
     assert any(not d for _, _, d in modes[1:]), f"discovery never skipped: {modes}"
     assert all(s < 24 for m, s, _ in modes if m == "incremental"), modes  # a fraction of the 24-step window
     states = {r.state.value for r in got.results}
