@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -21,8 +20,16 @@ from kvwatch.demo.promrun import TEMP_PREFIX
 CMD = [sys.executable, "-c", "import sys; from kvwatch.cli import main; sys.exit(main())"]
 
 
-def _leftovers() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*")}
+def _leftovers(tmp: Path) -> set[str]:
+    """Scratch dirs of the demo under ``tmp``: each test points its subprocess's TMPDIR at a
+    private directory, because other runs of the suite on the machine create and remove
+    ``kvwatch-demo-*`` in the shared /tmp at any moment."""
+    return {p.name for p in tmp.glob(f"{TEMP_PREFIX}*")}
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    """The environment with TMPDIR private to the test (``tempfile`` in the child honours it)."""
+    return {**os.environ, "TMPDIR": str(tmp)}
 
 
 def _alive(pid: int) -> bool:
@@ -35,28 +42,28 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(") ")[1][0] != "Z"
 
 
-def _run_demo(backend: str) -> dict:
-    before = _leftovers()
+def _run_demo(backend: str, tmp: Path) -> dict:
+    before = _leftovers(tmp)
     res = subprocess.run([*CMD, "demo", "--backend", backend, "--format", "json", "--seed", "1"],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=_env(tmp))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "simulating" in res.stderr  # progress goes to stderr, never into the JSON
-    assert _leftovers() == before
+    assert _leftovers(tmp) == before
     doc = json.loads(res.stdout)
     assert doc["demo"]["backend"] == backend
     return doc
 
 
 @pytest.fixture(scope="module")
-def demo_json() -> dict:
-    return _run_demo("inprocess")
+def demo_json(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _run_demo("inprocess", tmp_path_factory.mktemp("tmpdir"))
 
 
 @pytest.fixture(scope="module")
-def demo_prom_json() -> dict:
+def demo_prom_json(tmp_path_factory: pytest.TempPathFactory) -> dict:
     require_binary("prometheus")
     require_binary("promtool")
-    return _run_demo("prometheus")
+    return _run_demo("prometheus", tmp_path_factory.mktemp("tmpdir"))
 
 
 @pytest.mark.slow
@@ -141,10 +148,10 @@ def test_backends_see_the_same_fleet(demo_json: dict, demo_prom_json: dict) -> N
 
 
 @pytest.mark.slow
-def test_sigint_mid_run_exits_130_and_leaves_nothing() -> None:
-    before = _leftovers()
+def test_sigint_mid_run_exits_130_and_leaves_nothing(tmp_path: Path) -> None:
+    before = _leftovers(tmp_path)
     proc = subprocess.Popen([*CMD, "demo", "--backend", "inprocess"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=_env(tmp_path))
     try:
         deadline = time.monotonic() + 60
         line = ""
@@ -157,7 +164,7 @@ def test_sigint_mid_run_exits_130_and_leaves_nothing() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert _leftovers() == before
+    assert _leftovers(tmp_path) == before
 
 
 def _children(pid: int) -> dict[int, str]:
@@ -176,17 +183,19 @@ def _children(pid: int) -> dict[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.prometheus
-def test_prometheus_demo_interrupted_during_backfill_leaves_nothing() -> None:
+def test_prometheus_demo_interrupted_during_backfill_leaves_nothing(tmp_path: Path) -> None:
     """Ctrl-C while promtool runs: exit 130, promtool gone, temp dir gone (SIGTERM takes
     the same path: see the Scratch test below)."""
     require_binary("prometheus")
     require_binary("promtool")
-    before = _leftovers()
+    before = _leftovers(tmp_path)
     proc = subprocess.Popen([*CMD, "demo", "--backend", "prometheus"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=_env(tmp_path))
     kids: dict[int, str] = {}
     try:
-        deadline = time.monotonic() + 90
+        # a guard against a hang, not a speed check: simulating the 16 targets takes ~30 s quiet
+        # and over 90 s on a loaded 2-core machine; the same 300 s as the other demo runs
+        deadline = time.monotonic() + 300
         line = ""
         while time.monotonic() < deadline and "backfilling" not in line and proc.poll() is None:
             line = proc.stderr.readline()  # type: ignore[union-attr]
@@ -195,7 +204,7 @@ def test_prometheus_demo_interrupted_during_backfill_leaves_nothing() -> None:
             kids = _children(proc.pid)
             time.sleep(0.02)
         assert "promtool" in kids.values(), kids
-        assert len(_leftovers() - before) == 1  # the scratch dir exists while it runs
+        assert len(_leftovers(tmp_path) - before) == 1  # the scratch dir exists while it runs
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 130
     finally:
@@ -206,7 +215,7 @@ def test_prometheus_demo_interrupted_during_backfill_leaves_nothing() -> None:
     while any(_alive(p) for p in kids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in kids if _alive(p)], f"children survived: {kids}"
-    assert _leftovers() == before
+    assert _leftovers(tmp_path) == before
 
 
 def test_auto_backend_needs_both_binaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,7 +237,7 @@ def test_auto_backend_needs_both_binaries(tmp_path: Path, monkeypatch: pytest.Mo
 def test_scratch_prometheus_is_gone_after_an_interrupt(tmp_path: Path, sig: signal.Signals) -> None:
     """A demo process holding a throwaway Prometheus is interrupted: no child, no temp dir remains."""
     require_binary("prometheus")
-    before = _leftovers()
+    before = _leftovers(tmp_path)
     script = textwrap.dedent("""
         import sys, time
         from kvwatch.demo import _sigterm_as_interrupt
@@ -239,7 +248,8 @@ def test_scratch_prometheus_is_gone_after_an_interrupt(tmp_path: Path, sig: sign
             print(s.pids[0], s.dir, url, flush=True)
             time.sleep(120)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env=_env(tmp_path))
     try:
         pid_s, scratch_dir, _url = proc.stdout.readline().split()  # type: ignore[union-attr]
         pid = int(pid_s)
@@ -255,7 +265,7 @@ def test_scratch_prometheus_is_gone_after_an_interrupt(tmp_path: Path, sig: sign
         time.sleep(0.1)
     assert not _alive(pid), "prometheus child survived"
     assert not Path(scratch_dir).exists()
-    assert _leftovers() == before
+    assert _leftovers(tmp_path) == before
 
 
 def test_backend_flag_is_validated() -> None:

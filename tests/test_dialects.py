@@ -59,8 +59,14 @@ def test_counters_are_queried_with_rate_and_total_suffix() -> None:
         q = s.promql("", "2m")
         if s.kind is SourceKind.COUNTER:
             assert "rate(" in q, (dialect, sig)
-            # prometheus_client counters carry _total on the wire; Triton's C++ counters do not
-            assert s.metric.endswith("_total") or s.metric.startswith("nv_"), (dialect, sig, s.metric)
+            # prometheus_client counters carry _total on the wire; Triton's C++ counters do not.
+            # A histogram's _sum and _count series are monotonic counters too (the signal
+            # fallbacks read them when an engine exports no token/request counter): rated alike.
+            assert s.metric.endswith(("_total", "_sum", "_count")) or s.metric.startswith("nv_"), (
+                dialect, sig, s.metric)
+            if s.metric.endswith(("_sum", "_count")) and not s.metric.startswith("nv_"):
+                family = s.metric.rsplit("_", 1)[0]
+                assert _doc_name(family) in DOC_NAMES, f"{dialect}/{sig}: {family} is no documented histogram"
         if s.kind is SourceKind.HIST_QUANTILE:
             assert f"{s.metric}_bucket" in q and "le)" in q and f"histogram_quantile({s.quantile}" in q
         if s.kind is not SourceKind.VLLM_CACHE_INFO:
