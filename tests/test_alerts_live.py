@@ -138,7 +138,7 @@ def test_rollout_pages_nobody_and_resolves_the_old_incident_as_gone(live: Live) 
         first = live.query(f'min_over_time(timestamp(up{{job="{ROLLOUT_JOB}",instance="{old}"}})[3m:1s])')
         first_sample = float(first[0]["value"][1])
         # fresh Prometheus: the rule's `for` (20 s) must be covered by samples before anything fires
-        # (allowance: two 2 s evaluation steps)
+        # (allowance: two 2 s evaluation steps: the data grid and the first sample's step)
         print(f"rollout: first sample → fire {fired_wall - first_sample:.1f}s (for {FOR_S:g}s)")
         assert fired_wall - first_sample >= FOR_S - 4.0, run.text()[-3000:]
 
