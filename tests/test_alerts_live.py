@@ -77,7 +77,7 @@ class Live:
                 **lifecycle: str) -> Any:
         cfg = self.tmp / f"{log}.yaml"
         life = ", ".join(f"{k}: {v}" for k, v in {"pending_for": "0s", "hold_down": "8s", "reminder_interval": "0s",
-                                                   "blind_spot_for": "30s", "forget_after": "0s", **lifecycle}.items())
+                                                   "blind_spot_for": "24s", "forget_after": "0s", **lifecycle}.items())
         cfg.write_text(
             "prometheus: {timeout: 5s, retries: 0}\n"
             "evaluation: {interval: 2s, window: 60s, step: 2s, rate_window: 6s}\n"
@@ -161,8 +161,8 @@ def test_rollout_pages_nobody_and_resolves_the_old_incident_as_gone(live: Live) 
         wait("the old incident resolved as gone", resolved_gone, 60, lambda: run2.text()[-3000:])
         print(f"rollout: old incident resolved as gone {time.monotonic() - t_roll:.1f}s after the rollout")
         assert live.slack.messages[parent]["metadata"]["event_payload"]["state"] == "resolved"
-        # past blind_spot_for (30 s) and the new pod's `for`: still nobody paged
-        time.sleep(max(0.0, 35.0 - (time.monotonic() - t_roll)))
+        # past blind_spot_for (24 s) and the new pod's `for`: still nobody paged
+        time.sleep(max(0.0, 27.0 - (time.monotonic() - t_roll)))
         assert parents(live, channel) == [parent], "the rollout paged"
         assert replies(live, channel, parent[1]) == [], "a gone target resolves quietly (no reply)"
 
