@@ -154,7 +154,8 @@ def test_last_step_equals_once_and_cli_outputs(prom_url: str, capsys: pytest.Cap
 def test_bad_step_is_a_usage_error(prom_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["backtest", "--prometheus-url", prom_url, "--from", _iso(T0), "--to", _iso(T1), "--step", "45s"])
     assert rc == 2
-    assert "multiple of evaluation.step" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "multiple of the data resolution" in err and "--resolution" in err, err
 
 
 #: state band colours blended at the chart's alpha (0.18) over white, as a browser shows them
