@@ -74,7 +74,7 @@ class Live:
         return requests.get(f"{self.prom}/api/v1/query", params={"query": q}, timeout=5).json()["data"]["result"]
 
     def kvwatch(self, stack: ExitStack, job: str, channel: str, state: Path, log: str, prom: str = "",
-                **lifecycle: str) -> Any:
+                listen: str = "127.0.0.1:0", **lifecycle: str) -> Any:
         cfg = self.tmp / f"{log}.yaml"
         life = ", ".join(f"{k}: {v}" for k, v in {"pending_for": "0s", "hold_down": "8s", "reminder_interval": "0s",
                                                    "blind_spot_for": "24s", "forget_after": "0s", **lifecycle}.items())
@@ -87,7 +87,7 @@ class Live:
         env = clean_env(SLACK_BOT_TOKEN=TOKEN, SLACK_CHANNEL=channel, KVWATCH_SLACK_API_URL=self.slack.api_url)
         return stack.enter_context(spawn(
             log, ["run", "--config", str(cfg), "--rules", str(RULES), "--prometheus-url", prom or self.prom,
-                  "--state", str(state), "--listen", "127.0.0.1:0"], self.tmp / f"{log}.log", env))
+                  "--state", str(state), "--listen", listen], self.tmp / f"{log}.log", env))
 
 
 @pytest.fixture(scope="module")
@@ -240,3 +240,55 @@ def test_slow_prometheus_and_slack_429_skip_no_cycle(live: Live) -> None:
     assert len(lines) >= span / 2.0 - 1, "cycles missing: the scheduler skipped some"
     assert dropped and all(d < 2.0 for d in durations), "\n".join(lines)
     assert posts == [429, 429, 429, 200] and parents(live, channel) == [parent]
+
+
+def _panel_exprs(dashboard: Path, metric: str) -> list[str]:
+    doc = json.loads(dashboard.read_text())
+    out = []
+
+    def walk(panels: list[dict[str, Any]]) -> None:
+        for p in panels:
+            walk(p.get("panels") or [])
+            out.extend(t["expr"] for t in p.get("targets") or [] if metric in t.get("expr", ""))
+
+    walk(doc.get("panels") or [])
+    return out
+
+
+def test_shipped_scrape_configs_keep_engine_labels_for_the_dashboards(live: Live) -> None:
+    """Issue 17 item 16: the compose Prometheus config and the ServiceMonitor scrape kvwatch; its
+    per-target series must keep the engine's job/instance (honor_labels) or every dashboard filter
+    on an engine misses. Scrape a running kvwatch with the shipped job, then run the panels."""
+    import yaml
+    from support.prom import free_port
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = yaml.safe_load((root / "deploy" / "compose" / "prometheus.yml").read_text())
+    (job,) = [j for j in shipped["scrape_configs"] if j["job_name"] == "kvwatch"]
+    monitors = [d for d in yaml.safe_load_all((root / "deploy" / "kubernetes" / "service.yaml").read_text())
+                if d and d.get("kind") == "ServiceMonitor"]
+    # the ServiceMonitor's endpoint becomes the same scrape job in the Operator's generated config
+    assert monitors[0]["spec"]["endpoints"][0].get("honorLabels") is True
+    target = live.targets["healthy-busy"][0]  # scraped in the rollout job since the rollout
+    port = free_port()
+    with ExitStack() as stack:
+        run = live.kvwatch(stack, ROLLOUT_JOB, "#shipped", live.tmp / "shipped-state.json", "kvwatch-shipped",
+                           listen=f"127.0.0.1:{port}")
+        wait("two kvwatch cycles", lambda: run.text().count("kvwatch cycle ") >= 2, 60, lambda: run.text()[-2000:])
+        job = {**job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}], "scrape_interval": "1s",
+               "scrape_timeout": "1s"}
+        prom = stack.enter_context(prometheus(config=yaml.safe_dump({"scrape_configs": [job]})))
+
+        def series() -> list[dict[str, Any]]:
+            q = f'kvwatch_target_state{{job="{ROLLOUT_JOB}", instance="{target}"}}'
+            return requests.get(f"{prom}/api/v1/query", params={"query": q}, timeout=5).json()["data"]["result"]
+
+        wait("kvwatch's per-target series under the engine's job", series, 30)
+        exprs = _panel_exprs(root / "dashboards" / "kvwatch-instance.json", "kvwatch_target_state")
+        exprs += _panel_exprs(root / "dashboards" / "kvwatch-fleet.json", "kvwatch_target_state")
+        assert exprs
+        for expr in exprs:
+            q = expr.replace("$job", ROLLOUT_JOB).replace("$instance", target).replace("$__rate_interval", "1m")
+            got = requests.get(f"{prom}/api/v1/query", params={"query": q}, timeout=5).json()["data"]["result"]
+            assert got, f"dashboard query found nothing for the engine: {q}"
+        print(f"shipped scrape config: {len(exprs)} dashboard queries return the engine {ROLLOUT_JOB}/{target}")
