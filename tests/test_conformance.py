@@ -7,6 +7,7 @@ with no engine installed, a real Prometheus holds them and kvwatch must:
 - recognise each fixture's engine and dialect from the names alone and resolve its signals;
 - give the same state through the real exporter's series as through the simulator's
   hand-written exposition of the same timeline (same preset, seed and instants);
+- read the same waiting/running counts when every SGLang TP rank exports as with one rank;
 - be read with the dialect table the fixtures were made against (else: regenerate).
 """
 
@@ -137,6 +138,27 @@ def test_real_and_hand_written_expositions_give_the_same_state(world) -> None:
             wrong.append(inst)
     print("\n" + "\n".join(rows))
     assert not wrong, "\n".join(rows)
+
+
+def _signal_value(world, inst: str, signal: Signal) -> float:
+    target = world["results"][inst].target
+    src = resolve(target)[signal]
+    q = src.promql(f'instance="{inst}"', "2m")
+    rows = world["client"].instant(q, world["at"])
+    assert len(rows) == 1, (inst, signal, q, rows)
+    return float(rows[0]["value"][1])
+
+
+def test_sglang_all_tp_ranks_read_like_one_rank(world) -> None:
+    """enable_metrics_for_all_schedulers: every rank exports the same batch (issue 14, 6)."""
+    tp = {i: h for i, (h, _) in world["series"].items()
+          if h["engine"] == "sglang" and h["variant"] == "tp2"}
+    assert tp, "no SGLang tp2 fixture"
+    for inst in tp:
+        one = inst.replace("-tp2-", "-")
+        for signal in (Signal.RUNNING, Signal.WAITING):
+            many, single = _signal_value(world, inst, signal), _signal_value(world, one, signal)
+            assert many == single, f"{inst} {signal.value}: {many} with 2 ranks, {single} with 1"
 
 
 def test_fixtures_are_newer_than_the_dialect_table_that_reads_them() -> None:

@@ -172,6 +172,11 @@ def replay(doc: dict, out_path: str) -> None:
 
 
 def main() -> int:
+    # import once here: every timeline's process is forked from this one
+    import sglang.srt.observability.metrics_collector
+    import sglang.srt.runtime_context
+    import sglang.srt.server_args  # noqa: F401
+
     for tl_path, out_path in main_args():
         started = time.monotonic()
         for name in os.listdir(MULTIPROC):  # a fresh /metrics per timeline

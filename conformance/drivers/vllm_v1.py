@@ -46,7 +46,9 @@ def vllm_config(doc: dict):
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     cfg = doc["config"]
-    model_kwargs = {"model": _model_dir(cfg), "tokenizer": None, "skip_tokenizer_init": True,
+    root = _model_dir(cfg)
+    model_kwargs = {"model": root, "tokenizer": root, "tokenizer_mode": "auto",
+                    "trust_remote_code": False, "seed": 0, "skip_tokenizer_init": True,
                     "served_model_name": doc["target"]["model_name"],
                     "max_model_len": int(cfg["max_model_len"]), "dtype": "float16"}
     params = inspect.signature(ModelConfig).parameters

@@ -29,12 +29,16 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
     else:  # scheduler metrics carry the engine and rank labels (>= 0.4.10)
         sched = (("engine_type", "unified"), ("model_name", model_name), ("pp_rank", "0"),
                  ("tp_rank", "0"))
+        if d is Dialect.SGLANG_0_5:  # 0.5.23's real collector (conformance/) adds the EP rank
+            sched = (*sched[:2], ("moe_ep_rank", "0"), *sched[2:])
     used_tokens = np.asarray(g["used_blocks"]) * view.config.block_size
     f.counter(f"{p}prompt_tokens_total", "Number of prefill tokens processed.", tok,
               c["prompt_tokens"])
     f.counter(f"{p}generation_tokens_total", "Number of generation tokens processed.", tok,
               c["generation_tokens"])
-    f.gauge(f"{p}token_usage", "The token usage.", sched, np.round(g["usage"], 2))
+    # rounded to 2 decimals by the 0.4 scheduler; 0.5.23 exports the ratio as computed
+    usage = g["usage"] if d is Dialect.SGLANG_0_5 else np.round(g["usage"], 2)
+    f.gauge(f"{p}token_usage", "The token usage.", sched, usage)
     f.gauge(f"{p}cache_hit_rate", "The prefix cache hit rate.", sched, _hit_rate(view))
     if d is Dialect.SGLANG_0_4_0:
         f.histogram(f"{p}time_to_first_token_seconds",
