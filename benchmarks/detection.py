@@ -147,10 +147,11 @@ def measure(result: BacktestResult, runs: dict[str, tuple[PhasedTarget, TargetRu
         if not mine and target.fault == "low_demand":
             # idle-low-demand is an info diagnosis (no incident): read the state timeline
             hits = [t for t, st in zip(tl.times, tl.states, strict=True)
-                    if fault_at <= t and st is target.mode]
+                    if fault_at <= t and st.value == target.mode.value]
             if hits:
                 m.detect_s = hits[0] - fault_at
-                back = [t for t, st in zip(tl.times, tl.states, strict=True) if t > hits[-1] and st is not target.mode]
+                back = [t for t, st in zip(tl.times, tl.states, strict=True)
+                        if t > hits[-1] and st.value != target.mode.value]
                 if back:
                     m.clear_after_drop_s = back[0] - drop_at
                     m.clear_after_truth_s = back[0] - truth_at

@@ -20,7 +20,8 @@ preemptions. The label of a run is read from that record over the last ``window_
   (which includes pools that recovered from an earlier episode).
 
 A run that fits none cleanly (pressure in part of the span only, several limits taking
-turns, a pool on the border of "nearly empty") is *ambiguous*: the generator redraws it, and
+turns, a limit that stopped binding in the last minute, a pool on the border of "nearly
+empty") is *ambiguous*: the generator redraws it, and
 says how often. Precedence follows failure-modes.md. Units: seconds, fractions of steps.
 """
 
@@ -142,6 +143,9 @@ def label_trace(trace: Trace, *, window_s: float = WINDOW_S, recent_s: float = R
         return lab(None, None, "pressure comes and goes without a period")
     if len(starts) >= 2 and ev["wait"] > QUIET:
         return lab(None, None, "pressure comes and goes, fewer than three cycles")
+    ev["pressure_now"] = float(pressure[-60:].mean())
+    if max(ev["kv"], ev["policy"], ev["slots"]) >= BINDS and ev["pressure_now"] == 0:
+        return lab(None, None, "the limit bound until the last minute: recovering")
     if ev["kv"] >= BINDS:
         return lab(Mode.FULL, None, "KV blocks exhausted: queue held back by taken blocks or preemptions")
     if ev["policy"] >= BINDS:
