@@ -62,12 +62,26 @@ def vllm_config(doc: dict):
     cache.num_cpu_blocks = 0
     sched_kwargs = {"max_num_seqs": int(cfg["max_num_seqs"]),
                     "max_num_batched_tokens": int(cfg["max_num_batched_tokens"]),
-                    "max_model_len": int(cfg["max_model_len"])}
+                    "max_model_len": int(cfg["max_model_len"]),
+                    "enable_chunked_prefill": True}  # always on in V1; < 0.9 checks it
     sparams = inspect.signature(SchedulerConfig).parameters
     if "is_encoder_decoder" in sparams:
         sched_kwargs["is_encoder_decoder"] = False
     sched = SchedulerConfig(**{k: v for k, v in sched_kwargs.items() if k in sparams})
-    return VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched)
+    try:
+        return VllmConfig(model_config=model, cache_config=cache, scheduler_config=sched)
+    except NotImplementedError:
+        # < 0.9 with no GPU: the platform is "unspecified" and VllmConfig's checks raise.
+        # The logger reads only these parts; each is the release's real config class.
+        from types import SimpleNamespace
+
+        from vllm.config import ObservabilityConfig
+
+        print("VllmConfig needs a platform here: stand-in holding the real ModelConfig, "
+              "CacheConfig, SchedulerConfig and ObservabilityConfig", file=sys.stderr)
+        return SimpleNamespace(model_config=model, cache_config=cache, scheduler_config=sched,
+                               observability_config=ObservabilityConfig(),
+                               speculative_config=None, lora_config=None)
 
 
 def _version() -> tuple[int, int]:
@@ -83,10 +97,23 @@ def main() -> int:
     return 0
 
 
+def _frontend_learns_blocks() -> bool:
+    """Whether the API-server process (which serves /metrics) is told the engine core's
+    block count: older V1 releases set it only inside the engine core process, so the
+    front end's cache_config_info keeps num_gpu_blocks="None" (read from the source)."""
+    import inspect as _inspect
+
+    from vllm.v1.engine import core_client
+
+    return "num_gpu_blocks" in _inspect.getsource(core_client)
+
+
 def _capacity(cache, cfg: dict, engines: int) -> None:
     """What engine start-up sets: the front end sums num_gpu_blocks over data-parallel
     engines; the token capacity and max concurrency stay per engine (full attention)."""
     blocks, bs, mml = int(cfg["num_blocks"]), int(cfg["block_size"]), int(cfg["max_model_len"])
+    if not _frontend_learns_blocks():
+        return
     cache.num_gpu_blocks = blocks * engines
     if hasattr(cache, "kv_cache_size_tokens"):
         concurrency = blocks / -(-mml // bs)
@@ -109,10 +136,12 @@ def replay(doc: dict, out_path: str) -> None:
         logger = loggers.PrometheusStatLogger(cfg, 0)
     else:
         sys.exit("this vLLM's PrometheusStatLogger takes one engine index; no data parallel")
-    logger.log_engine_initialized()
+    if hasattr(logger, "log_engine_initialized"):  # < 0.9 logs cache_config_info in __init__
+        logger.log_engine_initialized()
     rec_params = inspect.signature(logger.record).parameters
     blocks = _version() < (0, 9)  # PrefixCacheStats counted blocks before 0.9
     bs = int(doc["config"]["block_size"])
+    mml = int(doc["config"]["max_model_len"])
     has_pcs = hasattr(stats, "PrefixCacheStats")
     probe = stats.IterationStats() if not inspect.signature(stats.IterationStats).parameters \
         else stats.IterationStats(True)
@@ -161,7 +190,9 @@ def replay(doc: dict, out_path: str) -> None:
                     "request_id": None, "e2e_latency": r["e2e"],
                     "num_prompt_tokens": int(r["prompt_tokens"]),
                     "num_generation_tokens": int(r["gen_tokens"]),
-                    "max_tokens_param": None, "queued_time": r["queue"],
+                    # what the OpenAI server sets when the client gives none
+                    "max_tokens_param": max(mml - int(r["prompt_tokens"]), 1),
+                    "queued_time": r["queue"],
                     "prefill_time": inference - decode, "inference_time": inference,
                     "decode_time": decode, "mean_time_per_output_token": r["tpot_req"]}))
             it.finished_requests = reqs
