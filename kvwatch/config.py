@@ -71,8 +71,9 @@ class EvaluationSettings(_Model):
     interval: Duration = 60.0
     window: Duration = 1800.0
     step: Duration = 30.0
+    #: window of `rate()` over counters (preemptions, tokens, requests); widened to 4 scrape intervals measured from the data
     rate_window: Duration = 120.0
-    #: window of TTFT/queue/ITL histogram quantiles: a p99 needs enough requests to be stable
+    #: window of TTFT/queue/ITL histogram quantiles: a p99 needs enough requests to be stable (also >= 4 scrape intervals)
     latency_window: Duration = 600.0
     #: TTFT SLO in seconds used by the misread rules (the tail must exceed it)
     ttft_slo: Duration = 2.0

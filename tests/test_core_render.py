@@ -56,7 +56,7 @@ def test_json_contract_keys() -> None:
     (d,) = t["diagnoses"]
     assert {"mode", "severity", "confidence", "summary", "evidence", "triage"} <= set(d)
     assert d["evidence"][0] == {"signal": "kv_usage", "stat": "frac_above(0.9)", "observed": 0.97, "op": ">=",
-                                "threshold": 0.8, "window": "10m", "passed": True}
+                                "threshold": 0.8, "window": "10m", "passed": True, "lower_bound": False}
     assert d["triage"] == ["one", "two"]
     assert t["missing_signals"] == ["waiting_capacity", "max_running (no data)"]
 

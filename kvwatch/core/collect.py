@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from kvwatch.core.dialects import DIALECT_BY_ID, Source, SourceKind
+from kvwatch.core.dialects import BY, DIALECT_BY_ID, Source, SourceKind, selector
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.promclient import QueryClient, Series
@@ -243,6 +243,50 @@ def first_coarse_slot(grid: np.ndarray, step_s: float, hold: int) -> int:
     return (-first) % hold
 
 
+def bucket_query(src: Source, user_matchers: str) -> str:
+    """The ``le`` bounds of a histogram family per target (an instant query; buckets are config)."""
+    sel = selector(f"{src.metric}_bucket", src.matchers, user_matchers)
+    return f"group by ({BY}, le) ({sel})"
+
+
+def top_finite_le(rows: list[Series]) -> dict[TargetKey, float]:
+    """Per target, the highest finite ``le`` of the histogram rows (``+Inf`` and junk ignored)."""
+    out: dict[TargetKey, float] = {}
+    for row in rows:
+        m = row.get("metric") if isinstance(row, dict) else None
+        if not isinstance(m, dict):
+            continue
+        try:
+            le = float(m.get("le", "nan"))
+        except (TypeError, ValueError):
+            continue
+        if not math.isfinite(le):
+            continue
+        key = TargetKey(str(m.get("job", "")), str(m.get("instance", "")))
+        out[key] = max(le, out.get(key, -math.inf))
+    return out
+
+
+def _ceilings(
+    client: QueryClient, queries: dict[str, list[tuple[Signal, set[TargetKey], Source]]], user_matchers: str,
+    at: datetime, data: FleetData,
+) -> None:
+    """Record, per target and quantile signal, the bound ``histogram_quantile`` clamps to."""
+    fams: dict[str, list[tuple[Signal, set[TargetKey], Source]]] = defaultdict(list)
+    for uses in queries.values():
+        for sig, keys, src in uses:
+            if src.kind is SourceKind.HIST_QUANTILE:
+                fams[bucket_query(src, user_matchers)].append((sig, keys, src))
+    for q, uses in sorted(fams.items()):
+        try:
+            tops = top_finite_le(client.instant(q, at))
+        except PrometheusBadResponse:
+            continue  # no bound known: quantiles stay as they are (never a reason to fail a cycle)
+        for sig, keys, src in uses:
+            for key in keys & tops.keys():
+                data.ceilings.setdefault(key, {})[sig] = tops[key] * src.scale
+
+
 def collect(
     client: QueryClient,
     targets: list[Target],
@@ -306,6 +350,7 @@ def collect(
 
     with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
         answers = list(pool.map(run, sorted(queries)))
+    _ceilings(client, queries, user_matchers, at, data)
     for q, rows in answers:
         uses = queries[q]
         for row in rows:

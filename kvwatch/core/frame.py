@@ -31,6 +31,13 @@ class FleetData:
     sourced: dict[TargetKey, set[Signal]] = field(default_factory=dict)
     #: extra per-target values read from labels (e.g. vLLM cache_config_info)
     extras: dict[TargetKey, dict[str, float]] = field(default_factory=dict)
+    #: highest finite histogram bucket bound per target and quantile signal (signal units):
+    #: a quantile sample equal to it is only a lower bound (see kvwatch.bounds)
+    ceilings: dict[TargetKey, dict[Signal, float]] = field(default_factory=dict)
+    #: the rate window the counters were read with, s (0: not recorded)
+    rate_window_s: float = 0.0
+    #: the scrape interval measured from the data, s (None: not measured)
+    scrape_interval_s: float | None = None
 
     def values(self, key: TargetKey, signal: Signal) -> np.ndarray | None:
         return self.series.get(key, {}).get(signal)

@@ -102,9 +102,11 @@ class Evidence(NamedTuple):
     threshold: float
     window: str
     passed: bool
+    #: ``observed`` is only a lower bound (a quantile past the last histogram bucket)
+    lower_bound: bool = False
 
     def describe(self) -> str:
-        obs = "n/a" if self.observed is None else f"{self.observed:.4g}"
+        obs = "n/a" if self.observed is None else f"{'> ' if self.lower_bound else ''}{self.observed:.4g}"
         return f"{self.signal}.{self.stat} = {obs} ({self.op} {self.threshold:g} over {self.window})"
 
     def to_json(self) -> dict[str, Any]:
@@ -116,6 +118,7 @@ class Evidence(NamedTuple):
             "threshold": self.threshold,
             "window": self.window,
             "passed": self.passed,
+            "lower_bound": self.lower_bound,
         }
 
 
@@ -289,11 +292,17 @@ class Evaluation:
     window_s: float
     queries: int = 0
     warnings: tuple[str, ...] = ()
+    #: the rate window used (the configured one, widened to 4 scrape intervals), s
+    rate_window_s: float = 0.0
+    #: the scrape interval detected from the data, s (None: not measured)
+    scrape_interval_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "evaluated_at": self.evaluated_at.isoformat().replace("+00:00", "Z"),
             "window_seconds": self.window_s,
+            "rate_window_seconds": self.rate_window_s or None,
+            "scrape_interval_seconds": self.scrape_interval_s,
             "targets": [r.to_json() for r in self.results],
             "queries": self.queries,
             "warnings": list(self.warnings),

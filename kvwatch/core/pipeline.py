@@ -19,6 +19,7 @@ from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Evaluation, Target
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.rules import RuleSet
+from kvwatch.core.scrape import detect_interval, rate_window
 from kvwatch.core.selector import parse_selector, render_matchers
 from kvwatch.core.shard import Shard
 from kvwatch.durations import format_duration
@@ -49,18 +50,24 @@ def collect_targets(
     matchers = scope_matchers(settings)
     if only_these or settings.shard.count > 1:
         matchers = join_matchers(matchers, instances_matcher([t.key for t in targets]))
-    return collect(
+    # counters and histograms need >= 4 samples per window: widen the configured windows
+    # when the data are scraped slowly (Grafana's $__rate_interval)
+    interval = detect_interval(client, at, matchers) if targets else None
+    rate_s, latency_s = rate_window(ev.rate_window, interval), rate_window(ev.latency_window, interval)
+    data = collect(
         client,
         targets,
         at=at,
         window_s=ev.window if window_s is None else window_s,
         step_s=ev.step,
-        rate_window=format_duration(ev.rate_window),
-        latency_window=format_duration(ev.latency_window),
+        rate_window=format_duration(rate_s),
+        latency_window=format_duration(latency_s),
         range_signals=rules.condition_signals(),
         user_matchers=matchers,
         max_concurrency=settings.prometheus.max_concurrency,
     )
+    data.rate_window_s, data.scrape_interval_s = rate_s, interval
+    return data
 
 
 def counted(
@@ -83,7 +90,8 @@ def counted(
     else:
         seen = getattr(stats, "warnings", [])
     warnings = tuple(dict.fromkeys(seen))[:10]
-    return Evaluation(evaluated_at=at, results=results, window_s=ev.window, queries=queries, warnings=warnings)
+    return Evaluation(evaluated_at=at, results=results, window_s=ev.window, queries=queries, warnings=warnings,
+                      rate_window_s=data.rate_window_s, scrape_interval_s=data.scrape_interval_s)
 
 
 def evaluate(

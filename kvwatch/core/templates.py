@@ -10,20 +10,24 @@ from typing import Any
 
 
 class Num:
-    """A number that may be unknown; formats with any numeric spec, ``None`` → ``n/a``."""
+    """A number that may be unknown or only a lower bound; formats with any numeric spec,
+    ``None`` → ``n/a``, a lower bound → ``> 30.00``."""
 
-    __slots__ = ("value",)
+    __slots__ = ("lower", "value")
 
-    def __init__(self, value: float | None) -> None:
+    def __init__(self, value: float | None, lower: bool = False) -> None:
         self.value = value
+        #: only a lower bound (a quantile past the last histogram bucket): renders "> 30.00"
+        self.lower = lower
 
     def __format__(self, spec: str) -> str:
         if self.value is None:
             return "n/a"
         try:
-            return format(self.value, spec)
+            text = format(self.value, spec)
         except (ValueError, TypeError):
-            return format(self.value, "g")
+            text = format(self.value, "g")
+        return f"> {text.strip()}" if self.lower else text
 
     def __str__(self) -> str:
         return self.__format__("g")

@@ -71,7 +71,8 @@ def splice(old: FleetData, new: FleetData, grid: np.ndarray, modes: Modes, hold_
     n1 = len(grid)
     m0 = n1 - len(new.grid)
     k = int(np.rint((grid[-1] - old.grid[-1]) / (grid[1] - grid[0]))) if n1 > 1 else 0
-    out = FleetData(grid=grid, targets=dict(new.targets), sourced=dict(new.sourced))
+    out = FleetData(grid=grid, targets=dict(new.targets), sourced=dict(new.sourced), ceilings=dict(new.ceilings),
+                    rate_window_s=new.rate_window_s, scrape_interval_s=new.scrape_interval_s)
     for key in new.targets:
         sigs = set(old.series.get(key, {})) | set(new.series.get(key, {}))
         for sig in sigs:

@@ -179,7 +179,7 @@ def fallback_text(event: Event) -> str:
 def evidence_fields(inc: Incident) -> list[Block]:
     out = []
     for e in inc.evidence[:10]:
-        obs = "n/a" if e.observed is None else f"{e.observed:.4g}"
+        obs = "n/a" if e.observed is None else f"{'> ' if e.lower_bound else ''}{e.observed:.4g}"
         mark = "" if e.passed else " (not met)"
         op = esc(_OPS.get(e.op, e.op))
         text = f"*{esc(e.signal)}.{esc(e.stat)}*\nobserved {obs} · threshold {op} {e.threshold:g} over {esc(e.window)}{mark}"

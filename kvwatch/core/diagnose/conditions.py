@@ -78,25 +78,35 @@ class RuleEval:
                 result = None
             self._record(path, name, stat, window, leaf, thr, None, result, negated, note)
             return result
+        bound = self.view.bound(name, span, leaf.stat, leaf.arg, obs) if leaf.signal is not None else ""
+        if bound == "?":
+            self.unknown.add(name)
+            self._record(path, name, stat, window, leaf, thr, obs, None, negated, "beyond the last histogram bucket")
+            return None
         ok = bool(_OPS[leaf.op](obs, thr))
+        if bound == ">" and not _holds_for_lower_bound(leaf.op, ok):
+            # the true value is ≥ obs: "obs > thr" stays true, "obs < thr" becomes unknowable
+            self.unknown.add(name)
+            self._record(path, name, stat, window, leaf, thr, obs, None, negated, "lower bound", ">")
+            return None
         # under `not`, a leaf that fails is what supports the diagnosis
         supports = ok != negated
         op = leaf.op if not negated else _NEGATE[leaf.op]
-        self.evidence.append(Evidence(name, stat, obs, op, thr, window, supports))
+        self.evidence.append(Evidence(name, stat, obs, op, thr, window, supports, bound == ">"))
         if supports:
             self.margins.append(min(1.0, abs(obs - thr) / max(abs(thr), 0.05)))
             if not negated and not leaf.guard:
                 self.points = True
-        self._record(path, name, stat, window, leaf, thr, obs, ok, negated, "")
+        self._record(path, name, stat, window, leaf, thr, obs, ok, negated, "lower bound" if bound else "", bound)
         return ok
 
     def _record(
         self, path: str, name: str, stat: str, window: str, leaf: Leaf, thr: float | None,
-        obs: float | None, met: bool | None, negated: bool, note: str,
+        obs: float | None, met: bool | None, negated: bool, note: str, bound: str = "",
     ) -> None:
         if self.explain:
             self.conditions.append(
-                Condition(path, name, stat, window, leaf.op, thr, obs, met, leaf.guard, negated, "", note)
+                Condition(path, name, stat, window, leaf.op, thr, obs, met, leaf.guard, negated, bound, note)
             )
 
     def node(self, n: Group | Leaf, negated: bool = False, path: str = "when") -> bool | None:
@@ -123,6 +133,15 @@ class RuleEval:
         if decided:
             return decisive
         return None if unknown else not decisive
+
+
+def _holds_for_lower_bound(op: str, ok: bool) -> bool:
+    """Whether a comparison decided on a lower bound of the observed value stays decided."""
+    if op in (">", ">="):
+        return ok  # true stays true (the value is even larger); false is unknowable
+    if op in ("<", "<="):
+        return not ok  # false stays false; true is unknowable
+    return False
 
 
 @functools.lru_cache(maxsize=64)

@@ -21,9 +21,14 @@ class _Stats:
 
     def __getattr__(self, stat: str) -> Num:
         try:
-            return Num(self._view.stat(self._name, self._span, stat))
+            value = self._view.stat(self._name, self._span, stat)
         except (AttributeError, KeyError, TypeError):
             return Num(None)  # not a statistic: the template renders n/a
+        if value is None:
+            return Num(None)
+        bound = self._view.bound(self._name, self._span, stat, None, value)
+        # past the last histogram bucket: "> 30.00", never a made-up number
+        return Num(None) if bound == "?" else Num(value, lower=bound == ">")
 
 
 class TemplateContext(dict):  # type: ignore[type-arg]

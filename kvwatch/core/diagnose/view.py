@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvwatch.core.bounds import Bound, clamped, classify
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target
+from kvwatch.core.signals import Signal
 from kvwatch.core.statistics.fleet import FleetStats
 from kvwatch.core.statistics.registry import REGISTRY
 from kvwatch.core.statistics.series import SeriesStats
@@ -71,6 +73,33 @@ class TargetView:
             return None
         value = entry.series(st, arg)  # type: ignore[misc]  # every statistic has one or the other
         return None if value is None else float(value)
+
+    def bound(self, name: str, span_s: float, stat: str, arg: float | None, value: float) -> Bound:
+        """Whether ``value`` (that statistic) is exact, a lower bound (a quantile past the last
+        histogram bucket in the span) or cannot be told ("?"). Cheap when nothing is clamped."""
+        ceil = self.data.ceilings.get(self.key)
+        if not ceil:
+            return ""
+        i0 = self._start(span_s)
+        if name == "ttft_tail_ratio":
+            c99, c50 = ceil.get(Signal.TTFT_P99), ceil.get(Signal.TTFT_P50)
+            p50 = self.raw("ttft_p50")
+            if c50 is not None and p50 is not None and clamped(p50[i0:], c50).any():
+                return "?"  # the median itself is only a bound: the ratio is no number at all
+            p99, vals = self.raw("ttft_p99"), self.raw(name)
+            if c99 is None or p99 is None or vals is None:
+                return ""
+            mask, vals = clamped(p99[i0:], c99), vals[i0:]
+        else:
+            sig = Signal._value2member_map_.get(name)
+            c = ceil.get(sig) if sig is not None else None  # type: ignore[call-overload]
+            vals = self.raw(name)
+            if c is None or vals is None:
+                return ""
+            vals = vals[i0:]
+            mask = clamped(vals, c)
+        ok = np.isfinite(vals)
+        return classify(stat, arg, value, vals[ok], mask[ok])
 
     def raw(self, name: str) -> np.ndarray | None:
         """This target's row of a canonical or derived signal (derived ones are defined once,

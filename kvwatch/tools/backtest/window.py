@@ -23,7 +23,8 @@ class WindowData(FleetData):
     def __init__(self, base: FleetData, at: float, window_s: float) -> None:
         lo = int(np.searchsorted(base.grid, at - window_s - _EPS, side="left"))
         hi = int(np.searchsorted(base.grid, at + _EPS, side="right"))
-        super().__init__(grid=base.grid[lo:hi], targets=base.targets, sourced=base.sourced, extras=base.extras)
+        super().__init__(grid=base.grid[lo:hi], targets=base.targets, sourced=base.sourced, extras=base.extras,
+                         ceilings=base.ceilings)
         self._base = base
         self._slice = slice(lo, hi)
 
