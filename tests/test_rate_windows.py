@@ -81,7 +81,9 @@ def _gaps(store: Store, interval: float, rate_window: str) -> dict[Signal, float
 
 @pytest.mark.parametrize("interval", INTERVALS)
 def test_scrape_interval_is_detected_from_the_data(store: Store, interval: float) -> None:
-    got = detect_interval(PromClient(store.url), store.at, _sel(interval))
+    client = PromClient(store.url)
+    targets = discover(client, store.at, 1800.0, _sel(interval))
+    got = detect_interval(client, store.at, targets, _sel(interval))
     assert got is not None and got == pytest.approx(interval, rel=0.15)
 
 

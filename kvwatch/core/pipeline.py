@@ -52,7 +52,7 @@ def collect_targets(
         matchers = join_matchers(matchers, instances_matcher([t.key for t in targets]))
     # counters and histograms need >= 4 samples per window: widen the configured windows
     # when the data are scraped slowly (Grafana's $__rate_interval)
-    interval = detect_interval(client, at, matchers) if targets else None
+    interval = detect_interval(client, at, targets, matchers) if targets else None
     rate_s, latency_s = rate_window(ev.rate_window, interval), rate_window(ev.latency_window, interval)
     data = collect(
         client,

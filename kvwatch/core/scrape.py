@@ -3,53 +3,68 @@
 A ``rate()`` needs two samples in its window; with 60 s scrapes a 2-minute window often
 holds one (scrape jitter, one missed scrape) and counter signals go missing. Like
 Grafana's ``$__rate_interval``, kvwatch uses ``max(configured window, 4 × scrape
-interval)``, with the interval measured from the KV usage series (every engine exports
-one): the slow end of the evaluated fleet (90th percentile of the per-series intervals)
-sets it, so (nearly) every target gets ≥ 4 samples per window.
+interval)``. The interval is measured on the raw samples of the KV usage series (every
+engine exports one): per series the median gap between samples, then the slow end of the
+fleet (90th percentile over series), so (nearly) every target gets ≥ 4 samples per window.
+Gaps are measured between samples, so a series younger than the probe is measured right.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from datetime import datetime
 
-from kvwatch.core.dialects import DIALECTS, selector
+import numpy as np
+
+from kvwatch.core.dialects import DIALECT_BY_ID, selector
+from kvwatch.core.models import Target
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.signals import Signal
 from kvwatch.errors import PrometheusBadResponse
 
-#: span over which samples are counted, s
-PROBE_S = 600.0
+#: span of raw samples read per KV usage series, s (≥ 3 samples up to 100 s scrapes)
+PROBE_S = 300.0
 #: samples a rate window should hold (Grafana: 4 × scrape interval)
 SAMPLES_PER_WINDOW = 4
 #: which series' interval sets the window: the slow end of the fleet, not one outlier
 QUANTILE = 0.9
 
 
-def interval_query(user_matchers: str) -> str:
-    """Seconds between samples of the slowest-scraped KV usage series (one instant query)."""
-    names = sorted({s.requires[0] for d in DIALECTS for s in d.sources.get(Signal.KV_USAGE, ())})
-    sel = selector("", f'__name__=~"{"|".join(names)}"', user_matchers)
-    # per series: probe span / gaps between its samples; the 90th percentile over series is
-    # the slow end of the fleet without letting one just-started target (few samples) set it
-    per_series = f"{PROBE_S:g} / ((count_over_time({sel}[{PROBE_S:g}s]) > 1) - 1)"
-    return f"quantile({QUANTILE:g}, {per_series})"
+def interval_queries(targets: Iterable[Target], user_matchers: str) -> list[str]:
+    """Raw KV usage samples over the probe span, one range selector per KV family in use."""
+    out: set[str] = set()
+    for t in targets:
+        d = DIALECT_BY_ID.get(t.dialect)
+        for src in d.sources.get(Signal.KV_USAGE, ()) if d is not None else ():
+            if all(n in t.names for n in src.requires):
+                out.add(f"{selector(src.metric, src.matchers, user_matchers)}[{PROBE_S:g}s]")
+                break
+    return sorted(out)
 
 
-def detect_interval(client: QueryClient, at: datetime, user_matchers: str) -> float | None:
-    """The scrape interval in seconds (None: no series, or Prometheus refused the probe)."""
+def _gaps(row: object) -> float | None:
+    values = row.get("values") if isinstance(row, dict) else None
     try:
-        rows = client.instant(interval_query(user_matchers), at)
-    except PrometheusBadResponse:
+        ts = np.asarray([float(p[0]) for p in values], dtype=float) if values is not None else None
+    except (TypeError, ValueError, IndexError):
         return None
-    for row in rows:
+    if ts is None or len(ts) < 3:
+        return None
+    gap = float(np.median(np.diff(ts)))
+    return gap if math.isfinite(gap) and gap > 0 else None
+
+
+def detect_interval(client: QueryClient, at: datetime, targets: Iterable[Target], user_matchers: str) -> float | None:
+    """The scrape interval in seconds (None: too few samples, or Prometheus refused the probe)."""
+    gaps: list[float] = []
+    for q in interval_queries(targets, user_matchers):
         try:
-            v = float(row["value"][1])  # type: ignore[index]
-        except (KeyError, IndexError, TypeError, ValueError):
+            rows = client.instant(q, at)
+        except PrometheusBadResponse:
             continue
-        if math.isfinite(v) and v > 0:
-            return v
-    return None
+        gaps.extend(g for g in map(_gaps, rows) if g is not None)
+    return float(np.quantile(gaps, QUANTILE)) if gaps else None
 
 
 def rate_window(configured_s: float, interval_s: float | None) -> float:
