@@ -67,7 +67,7 @@ def test_firing_incident_stays_open_when_its_signals_vanish(tmp_path) -> None:
         for at in range(int(cut - 900), int(end) + 1, 60):
             ev = evaluate(client, settings, rules, datetime.fromtimestamp(at, tz=UTC))
             incidents, events = life.step(incidents, ev.results, float(at))
-            log.extend((float(at), e.kind) for e in events if e.incident.key.mode is FailureMode.FULL)
+            log.extend((float(at), e.kind) for e in events if e.incident.mode is FailureMode.FULL)
             (r,) = ev.results
             states[float(at)] = r.state
     assert log[0][1] is EventKind.FIRE and log[0][0] < cut
@@ -75,6 +75,6 @@ def test_firing_incident_stays_open_when_its_signals_vanish(tmp_path) -> None:
     # once the last queue sample is out of the rule's span, `full` cannot be decided: unknown, never healthy
     late = {s for t, s in states.items() if t >= cut + 600 + 60}
     assert late == {FailureMode.UNKNOWN}, late
-    (full,) = [i for k, i in incidents.items() if k.mode is FailureMode.FULL]
+    (full,) = [i for i in incidents.values() if i.mode is FailureMode.FULL]
     assert full.state is IncidentState.FIRING and full.blind_since is not None and "waiting" in full.blind_reason
     assert EventKind.BLIND in [k for _, k in log] and EventKind.RESOLVE not in [k for _, k in log], log
