@@ -179,6 +179,10 @@ def test_ha_pair_pages_once_and_survives_a_dead_replica(tmp_path: Path) -> None:
                     and "RESOLVED" in str(c.body.get("text"))]
         assert len(parents_firing) == 1, diag()
         assert len(resolves) == 1, diag()
+        # the survivor found the dead leader's parent (Slack message metadata) and resolved in its thread
+        parents = [c for c in slack.of("chat.postMessage") if not c.body.get("thread_ts")]
+        (ts,) = [ts for (ch, ts), body in slack.messages.items() if ch == CHANNEL and not body.get("thread_ts")]
+        assert len(parents) == 1 and resolves[0].body["thread_ts"] == ts, diag()
         assert parent[0] is not None
         firing = [n for n in got if n["status"] == "firing"]
         resolved = [n for n in got if n["status"] == "resolved"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from kvwatch.alerting.state import MemoryStore
@@ -58,9 +58,16 @@ class Lease:
     leader: str = ""
     leader_heartbeat: float = 0.0
     known: bool = False
+    #: replica → when its heartbeat was first seen live (continuously since)
+    first_seen: dict[str, float] = field(default_factory=dict)
 
     def refresh(self, client: QueryClient, now: float) -> str:
-        """Ask Prometheus for the group's heartbeats; returns the role for this cycle."""
+        """Ask Prometheus for the group's heartbeats; returns the role for this cycle.
+
+        Only replicas seen live for at least one lease are eligible: a replica that
+        (re)starts follows until then, and a running leader hands over to a lower id
+        only once that one has been visible for a lease too.
+        """
         try:
             rows = client.instant(heartbeat_query(self.selector), datetime.fromtimestamp(now, tz=UTC))
         except KvwatchError as exc:
@@ -75,23 +82,22 @@ class Lease:
                 continue
             if rid and math.isfinite(ts) and now - ts <= self.lease_s:
                 live[rid] = ts
-        if self.replica not in live:
-            # Our own heartbeat is not in Prometheus (just started, or not scraped): the others'
-            # may not be either, so leading now could double-post. Follow until it shows.
-            if self.role != "follower" or not self.known:
-                log.warning("kvwatch: HA replica %s: own heartbeat not in Prometheus (%s); not posting to "
-                            "Slack until it is (check that Prometheus scrapes this replica and ha.selector)",
-                            self.replica, heartbeat_query(self.selector))
-            self.role, self.known = "follower", True
-            self.leader = min(live) if live else ""
-            self.leader_heartbeat = live.get(self.leader, 0.0)
-            return self.role
-        leader = min(live)
-        if leader != self.leader or not self.known:
-            log.info("kvwatch: HA replica %s is %s (leader %s; live: %s)", self.replica,
-                     "leader" if leader == self.replica else "follower", leader, ", ".join(sorted(live)))
-        self.leader, self.leader_heartbeat, self.known = leader, live[leader], True
-        self.role = "leader" if leader == self.replica else "follower"
+        for rid in live:
+            self.first_seen.setdefault(rid, now)
+        for rid in [r for r in self.first_seen if r not in live]:
+            del self.first_seen[rid]  # gone (stale or hung): must be seen for a whole lease again
+        eligible = {r: ts for r, ts in live.items() if now - self.first_seen[r] >= self.lease_s}
+        if self.replica not in live and (self.role != "follower" or not self.known):
+            log.warning("kvwatch: HA replica %s: own heartbeat not in Prometheus (%s); not posting to "
+                        "Slack until it is (check that Prometheus scrapes this replica and ha.selector)",
+                        self.replica, heartbeat_query(self.selector))
+        leader = min(eligible) if eligible else ""
+        role = "leader" if leader and leader == self.replica else "follower"
+        if leader and ((role, leader) != (self.role, self.leader) or not self.known):
+            log.info("kvwatch: HA replica %s is %s (leader %s; live: %s)", self.replica, role, leader,
+                     ", ".join(sorted(live)))
+        self.role, self.leader, self.known = role, leader, True
+        self.leader_heartbeat = eligible.get(leader, 0.0) if leader != self.replica else 0.0
         return self.role
 
     def settle(self, store: MemoryStore, interval_s: float, sinks: Iterable[str] = LEADER_SINKS) -> int:
