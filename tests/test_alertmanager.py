@@ -213,21 +213,34 @@ def test_kvwatch_silence_is_created_in_alertmanager_and_sends_no_false_resolve()
         assert [g["status"] for g in got[n:]] == [], "a notification reached the receiver while silenced"
 
 
-def test_blind_incident_is_not_refreshed() -> None:
-    """Defect 13: a frozen (blind) incident was re-posted with a fresh endsAt forever."""
+def test_blind_incident_stays_firing_for_a_bounded_time() -> None:
+    """A blind incident is held open (issue 11: blindness never resolves a page, so
+    Alertmanager must not expire it into a false "resolved"), but not refreshed forever
+    (issue 17, defect 13): it is refreshed for at most ``lifecycle.forget_after`` after it
+    went blind, then expires at its ``endsAt``."""
     from test_lifecycle import unknown
 
     from kvwatch.alerting.sinks.alertmanager import to_alerts
 
-    s = load_settings(None, environ={}, overrides={"alertmanager": {"urls": ["http://am.invalid"]}})
+    s = load_settings(None, environ={}, overrides={"alertmanager": {"urls": ["http://am.invalid"]},
+                                                   "lifecycle": {"forget_after": "6h"}})
     life = lc()
     incs, _ = life.step({}, [result(diag(for_s=0))], 1000.0)
     incs, _ = life.step(incs, [unknown()], 1060.0)
     assert incs[FULL_KEY].blind_since == 1060.0
+    cap = 1060.0 + 6 * 3600
     ends = [datetime.fromisoformat(a["endsAt"].replace("Z", "+00:00")).timestamp()
-            for now in (1060.0, 5000.0) for a in to_alerts(s, incs[FULL_KEY], now)]
-    assert ends == [1300.0, 1300.0]  # last seen (1000) + 5 min, however late it is
+            for now in (1060.0, 5000.0, cap + 1000) for a in to_alerts(s, incs[FULL_KEY], now)]
+    assert ends == [1360.0, 5300.0, cap + 300]  # refreshed while blind, up to the cap
+    [a] = to_alerts(s, incs[FULL_KEY], 5000.0)
+    assert "held open" in a["annotations"]["blind"]
     sink = AlertmanagerSink(s)
-    assert sink.alerts(incs.values(), 1100.0) and sink.alerts(incs.values(), 1400.0)[0]["endsAt"].startswith(
-        "1970-01-01T00:21:40")  # expired: sent as resolved at its endsAt, then dropped after 15 min
-    assert sink.alerts(incs.values(), 1300.0 + 901) == []
+    assert sink.alerts(incs.values(), 5000.0)[0]["endsAt"] == _iso_z(5300.0)  # still firing
+    assert sink.alerts(incs.values(), cap + 100)[0]["endsAt"] == _iso_z(cap + 300)  # last refresh
+    # past the cap it expires: sent as resolved at its endsAt, then dropped after 15 min
+    assert sink.alerts(incs.values(), cap + 400)[0]["endsAt"] == _iso_z(cap + 300)
+    assert sink.alerts(incs.values(), cap + 300 + 901) == []
+
+
+def _iso_z(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

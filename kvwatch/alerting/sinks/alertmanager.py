@@ -7,8 +7,8 @@ finding of a firing incident is one alert, grouped by target in Alertmanager
 alert that stops being active is sent as resolved (``endsAt`` = when it ended)
 and **re-sent for 15 minutes** (``RESOLVED_RETENTION_S``), so one failed POST
 does not lose the resolve. A *blind* incident (target present, signals missing)
-is not refreshed: its ``endsAt`` stays where the last evaluation put it, so
-Alertmanager expires it, as Prometheus does when a rule cannot be evaluated.
+stays firing (blindness never resolves a page) but is refreshed for at most
+``lifecycle.forget_after`` after it went blind; then Alertmanager expires it.
 
 kvwatch silences (``lifecycle.silences``) do not stop posting (that would let
 Alertmanager expire the alert and send a false "resolved"): they are created in
@@ -52,6 +52,10 @@ def _iso(ts: float) -> str:
 RESOLVED_RETENTION_S = 900.0
 
 
+#: how long a blind alert is refreshed when `lifecycle.forget_after` is 0 (never forget), seconds
+BLIND_REFRESH_DEFAULT_S = 86400.0
+
+
 def _iso_ts(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
@@ -67,7 +71,11 @@ def to_alerts(settings: Settings, inc: Incident, now: float) -> list[dict[str, A
     if inc.state is IncidentState.RESOLVED:
         ends = inc.resolved_at or now
     elif inc.blind_since is not None:
-        ends = min(now, inc.last_seen_at) + expiry  # not refreshed while blind
+        # blindness never resolves a page (letting the alert expire would send a false
+        # "resolved"), but a blind alert is not refreshed forever either: at most
+        # `forget_after` (24 h when that is disabled) after it went blind, then it expires
+        hold = settings.lifecycle.forget_after or BLIND_REFRESH_DEFAULT_S
+        ends = min(now, inc.blind_since + hold) + expiry
     else:
         ends = now + expiry
     dash = grafana_url(settings, inc, now)
