@@ -110,6 +110,19 @@ def world(tmp_path_factory: pytest.TempPathFactory):
                "client": client, "at": at}
 
 
+def test_fixtures_cover_the_acceptance_set() -> None:
+    """vLLM 0.33, an older vLLM and SGLang 0.5.x, each as a snapshot and healthy/full series."""
+    have = {(h["engine"], h["version"], h["variant"], h["scenario"])
+            for h, _ in [*_series().values(), *_snapshots().values()]}
+    versions = {(e, v) for e, v, _, _ in have}
+    assert ("vllm", "0.33.0") in versions
+    assert any(e == "vllm" and v != "0.33.0" for e, v in versions), versions
+    assert any(e == "sglang" and v.startswith("0.5.") for e, v in versions), versions
+    for engine, version in versions:
+        for scenario in ("healthy", "full", "full-last-scrape"):
+            assert (engine, version, "default", scenario) in have, (engine, version, scenario)
+
+
 def test_every_fixture_is_recognised_from_names_alone(world) -> None:
     results = world["results"]
     named = {**{i: h for i, (h, _) in world["series"].items()},
