@@ -104,9 +104,17 @@ def discover(
 ) -> list[Target]:
     """Targets live at ``at`` plus stale ones (KV usage seen in the window, none now)."""
     live = parse_discovery(client.instant(discovery_query(user_matchers), at), allowed)
+    stale = stale_keys(live, client.instant(stale_query(user_matchers, window_s), at))
+    if stale:
+        live += stale_targets(stale, client.instant(up_query(user_matchers), at))
+    return live
+
+
+def stale_keys(live: list[Target], rows: list[Series]) -> list[TargetKey]:
+    """Targets in the stale query's answer ``rows`` that live discovery did not find, in answer order."""
     seen = {t.key for t in live}
     stale: list[TargetKey] = []
-    for row in client.instant(stale_query(user_matchers, window_s), at):
+    for row in rows:
         m = row.get("metric", {})
         if "instance" not in m:
             continue
@@ -114,19 +122,17 @@ def discover(
         if key not in seen:
             seen.add(key)
             stale.append(key)
-    if stale:
-        scraped, jobs = _scraped(client, at, user_matchers)
-        live += [Target(k, "stale", "unknown", gone=k not in scraped and k.job in jobs) for k in stale]
-    return live
+    return stale
+
+
+def stale_targets(stale: list[TargetKey], up_rows: list[Series]) -> list[Target]:
+    """Stale targets, ``gone`` when their ``up`` is absent while their job still has ``up`` series."""
+    scraped = {TargetKey(m.get("job", ""), m["instance"])
+               for row in up_rows if "instance" in (m := row.get("metric", {}))}
+    jobs = {k.job for k in scraped}
+    return [Target(k, "stale", "unknown", gone=k not in scraped and k.job in jobs) for k in stale]
 
 
 def up_query(user_matchers: str) -> str:
     return f"group by (job, instance) ({selector('up', user_matchers)})"
 
-
-def _scraped(client: QueryClient, at: datetime, user_matchers: str) -> tuple[set[TargetKey], set[str]]:
-    """Targets Prometheus scrapes at ``at`` (an ``up`` series exists) and the jobs they belong to."""
-    keys = {TargetKey(m.get("job", ""), m["instance"])
-            for row in client.instant(up_query(user_matchers), at)
-            if "instance" in (m := row.get("metric", {}))}
-    return keys, {k.job for k in keys}

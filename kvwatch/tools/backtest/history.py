@@ -1,4 +1,4 @@
-"""Fetch the history a backtest replays: discovery over the span, one range query per (signal, source).
+"""Fetch the history a backtest replays: one range query per (signal, source) and identity generation.
 
 The whole span ``[T0 − window, T1]`` is fetched at the data resolution with the
 same queries as :func:`kvwatch.core.collect.collect` (its grid is anchored at ``T1``,
@@ -11,19 +11,15 @@ evaluation steps or targets.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
 
-from kvwatch.core.collect import collect
-from kvwatch.core.dialects import all_names, selector
-from kvwatch.core.discover import _INFO_LABELS, discovery_query, parse_discovery
+from kvwatch.core.collect import collect, resolve
 from kvwatch.core.frame import FleetData
-from kvwatch.core.models import Target
+from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.promclient import QueryClient
-from kvwatch.durations import format_duration
 
 #: grid points per range query (Prometheus refuses more than 11,000 per series)
 MAX_POINTS = 10_000
@@ -44,33 +40,6 @@ class HistorySpec:
     dialects: tuple[str, ...] = ()
     max_concurrency: int = 4
     max_points: int = MAX_POINTS
-
-
-def span_discovery_query(user_matchers: str, span_s: float) -> str:
-    """Every (name, target) that had a sample during the last ``span_s`` seconds.
-
-    ``last_over_time`` keeps ``__name__``, so the same parser as live discovery applies.
-    """
-    regex = "|".join(re.escape(n) for n in all_names())
-    sel = selector("", f'__name__=~"{regex}"', user_matchers)
-    labels = ", ".join(_INFO_LABELS)
-    return f"group by (__name__, job, instance, {labels}) (last_over_time({sel}[{format_duration(span_s)}]))"
-
-
-def discover_span(client: QueryClient, spec: HistorySpec) -> list[Target]:
-    """Targets live at ``end`` (exactly as ``once --at end`` finds them) plus those seen during the span.
-
-    A target gone before ``end`` keeps the dialect its names had during the span,
-    so its history is diagnosed rather than reported as a bare blind spot.
-    """
-    end = datetime.fromtimestamp(spec.end, tz=UTC)
-    live = parse_discovery(client.instant(discovery_query(spec.user_matchers), end), spec.dialects)
-    seen = {t.key for t in live}
-    span = spec.end - spec.start + spec.window_s
-    past = parse_discovery(client.instant(span_discovery_query(spec.user_matchers, span), end), spec.dialects)
-    out = live + [t for t in past if t.key not in seen]
-    out.sort(key=lambda t: (t.key.job, t.key.instance))
-    return out
 
 
 def _concat(parts: list[FleetData], targets: list[Target]) -> FleetData:
@@ -115,3 +84,38 @@ def fetch_history(client: QueryClient, targets: list[Target], spec: HistorySpec)
         hi -= n + 1
     parts.reverse()
     return _concat(parts, targets)
+
+
+def source_sig(target: Target) -> frozenset:
+    """A target's data identity: the sources its signals resolve to (renames that change none share data)."""
+    return frozenset(resolve(target).items())
+
+
+def fetch_layers(
+    client: QueryClient, per_step: list[list[Target]], spec: HistorySpec
+) -> tuple[list[FleetData], dict[tuple[TargetKey, frozenset], int]]:
+    """History of every identity the steps saw, one layer per identity generation.
+
+    Layer *i* holds each target's *i*-th distinct set of sources (e.g. a vLLM upgrade
+    from ``gpu_cache_usage_perc`` to ``kv_cache_usage_perc``: layer 0 the old names,
+    layer 1 the new), so every step reads the sources ``once --at t`` would. Without
+    changes there is one layer; the queries grow with the number of changes, not steps.
+    Returns the layers and ``(key, source_sig) → layer index``.
+    """
+    layer_of: dict[tuple[TargetKey, frozenset], int] = {}
+    count: dict[TargetKey, int] = {}
+    reps: list[dict[TargetKey, Target]] = []
+    for targets in per_step:
+        for t in targets:
+            sig = source_sig(t)
+            if not sig or (t.key, sig) in layer_of:
+                continue  # stale/gone targets have no sources: nothing to fetch
+            i = count.get(t.key, 0)
+            count[t.key] = i + 1
+            layer_of[(t.key, sig)] = i
+            while len(reps) <= i:
+                reps.append({})
+            reps[i][t.key] = t
+    layers = [fetch_history(client, sorted(r.values(), key=lambda t: (t.key.job, t.key.instance)), spec)
+              for r in reps] or [fetch_history(client, [], spec)]
+    return layers, layer_of

@@ -87,6 +87,7 @@ class TargetTimeline:
             "labels": self.target.labels,
             "engine": self.target.engine,
             "dialect": self.target.dialect,
+            **({"gone": True} if self.target.gone else {}),
             "timeline": [{"at": iso(t), "state": s.value} for t, s in self.changes()],
             "last_state": None if self.last_state is None else self.last_state.value,
             "incidents": [i.to_json() for i in self.incidents],

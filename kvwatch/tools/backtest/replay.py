@@ -1,7 +1,10 @@
 """Replay the pipeline over history: per step diagnose a window view, then advance the lifecycle.
 
 :func:`replay` is pure (history in memory → result); :func:`run_backtest` adds
-the Prometheus edge (discovery and collection, a fixed number of queries).
+the Prometheus edge: per-step discovery (range queries answering what
+``once --at t`` discovers at every step) and collection of every identity a
+target had (one set of range queries per identity generation, see
+:func:`~kvwatch.tools.backtest.history.fetch_layers`).
 Steps are anchored at ``T1``: ``T1, T1 − step, …`` down to the first one ``≥ T0``,
 so the last step is exactly what ``kvwatch once --at T1`` evaluates.
 """
@@ -23,9 +26,10 @@ from kvwatch.core.rules import RuleSet
 from kvwatch.core.selector import parse_selector, render_matchers
 from kvwatch.durations import format_duration
 from kvwatch.errors import ConfigError
-from kvwatch.tools.backtest.history import HistorySpec, discover_span, fetch_history
+from kvwatch.tools.backtest.history import HistorySpec, fetch_layers, source_sig
+from kvwatch.tools.backtest.identity import discover_steps
 from kvwatch.tools.backtest.models import BacktestResult, IncidentRecord, TargetTimeline
-from kvwatch.tools.backtest.window import WindowData, first_seen
+from kvwatch.tools.backtest.window import StepView, first_seen, overlay
 
 #: tolerance for "is a multiple of" checks on float seconds
 _EPS = 1e-6
@@ -100,27 +104,48 @@ def replay(
     warm up). Assuming it had held all along would fire on every transient at ``T0``.
     """
     seen_from = first_seen(data)
+    per_step = [[tg for tg in targets if seen_from.get(tg.key, math.inf) <= t + _EPS] for t in steps]
+    route = {(tg.key, source_sig(tg)): 0 for tg in targets}
+    return replay_steps(per_step, [data], route, rules, params, steps, progress=progress)
+
+
+def replay_steps(
+    per_step: Sequence[Sequence[Target]],
+    layers: list[FleetData],
+    layer_of: dict[tuple[TargetKey, frozenset], int],
+    rules: RuleSet,
+    params: ReplayParams,
+    steps: Sequence[float],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[TargetTimeline, ...]:
+    """Evaluate step ``i`` on the targets ``per_step[i]`` (what discovery found then), each reading its layer.
+
+    A target absent from a step, or present as ``gone``, resolves its incidents as gone through
+    the lifecycle, exactly as in ``kvwatch run``. A timeline carries the target's last identity.
+    """
     lifecycle = Lifecycle(params.lifecycle)
     incidents: dict[IncidentKey, Incident] = {}
     log = _IncidentLog()
-    times: dict[TargetKey, list[float]] = {t.key: [] for t in targets}
-    states: dict[TargetKey, list[FailureMode]] = {t.key: [] for t in targets}
-    for i, t in enumerate(steps):
-        present = [tg for tg in targets if seen_from.get(tg.key, math.inf) <= t + _EPS]
-        view = WindowData(data, t, params.window_s)
+    last: dict[TargetKey, Target] = {}
+    times: dict[TargetKey, list[float]] = {}
+    states: dict[TargetKey, list[FailureMode]] = {}
+    for i, (t, present) in enumerate(zip(steps, per_step, strict=True)):
+        route = {tg.key: j for tg in present if (j := layer_of.get((tg.key, source_sig(tg)))) is not None}
+        view = StepView(layers, route, list(present), t, params.window_s)
         p = Params(at=t, window_s=params.window_s, step_s=params.resolution_s, ttft_slo_s=params.ttft_slo_s)
-        results = diagnose(present, view, rules, p)
+        results = diagnose(list(present), view, rules, p)
         for r in results:
-            times[r.target.key].append(t)
-            states[r.target.key].append(r.state)
+            last[r.target.key] = r.target
+            times.setdefault(r.target.key, []).append(t)
+            states.setdefault(r.target.key, []).append(r.state)
         incidents, _events = lifecycle.step(incidents, results, t)
         log.observe(incidents)
         if progress is not None:
             progress(i + 1, len(steps))
     return tuple(
-        TargetTimeline(tg, tuple(times[tg.key]), tuple(states[tg.key]), log.for_target(tg.key))
-        for tg in targets
-        if times[tg.key]
+        TargetTimeline(last[k], tuple(times[k]), tuple(states[k]), log.for_target(k))
+        for k in sorted(last, key=lambda k: (k.job, k.instance))
     )
 
 
@@ -132,7 +157,7 @@ def run_backtest(
     end: datetime,
     step_s: float | None = None,
 ) -> BacktestResult:
-    """Discover and fetch once over ``[start − window, end]``, then replay every step in memory."""
+    """Discover per step (a few range queries), fetch each identity's history once, replay in memory."""
     ev = settings.evaluation
     step = ev.step if step_s is None else step_s
     check_step(step, ev.step)
@@ -150,11 +175,11 @@ def run_backtest(
         max_concurrency=settings.prometheus.max_concurrency,
     )
     before = getattr(getattr(client, "stats", None), "queries", 0)
-    targets = discover_span(client, spec)
-    data = fetch_history(client, targets, spec)
+    per_step = discover_steps(client, steps, ev.window, matchers, settings.discovery.dialects, spec.max_points)
+    layers, layer_of = fetch_layers(client, per_step, spec)
     queries = getattr(getattr(client, "stats", None), "queries", 0) - before
     params = ReplayParams(ev.window, ev.step, ev.ttft_slo, settings.lifecycle)
-    timelines = replay(targets, data, rules, params, steps)
+    timelines = replay_steps(per_step, layers, layer_of, rules, params, steps)
     return BacktestResult(
         start=start.timestamp(),
         end=end.timestamp(),
@@ -164,5 +189,5 @@ def run_backtest(
         steps=steps,
         timelines=timelines,
         queries=queries,
-        history=data,
+        history=overlay(layers),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvwatch.core.frame import FleetData
-from kvwatch.core.models import TargetKey
+from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.signals import Signal
 
 #: tolerance when matching grid timestamps (float seconds)
@@ -34,6 +34,50 @@ class WindowData(FleetData):
 
     def put(self, key: TargetKey, signal: Signal, values: np.ndarray) -> None:
         raise TypeError("WindowData is a read-only view")
+
+
+class StepView(FleetData):
+    """One step of a layered history: each target of the step reads the layer of its identity.
+
+    ``route`` maps a target to its layer (see ``history.fetch_layers``); targets not
+    routed (stale, gone: no sources) read nothing, as in a fresh collection.
+    """
+
+    def __init__(self, layers: list[FleetData], route: dict[TargetKey, int], targets: list[Target],
+                 at: float, window_s: float) -> None:
+        views = [WindowData(layer, at, window_s) for layer in layers]
+        super().__init__(grid=views[0].grid, targets={t.key: t for t in targets})
+        self._views, self._route = views, route
+        for t in targets:
+            i = route.get(t.key)
+            src = layers[i] if i is not None else None
+            self.sourced[t.key] = set(src.sourced.get(t.key, ())) if src is not None else set()
+            if src is not None and t.key in src.extras:
+                self.extras[t.key] = src.extras[t.key]
+            if src is not None and t.key in src.ceilings:
+                self.ceilings[t.key] = src.ceilings[t.key]
+
+    def values(self, key: TargetKey, signal: Signal) -> np.ndarray | None:
+        i = self._route.get(key)
+        return None if i is None else self._views[i].values(key, signal)
+
+    def put(self, key: TargetKey, signal: Signal, values: np.ndarray) -> None:
+        raise TypeError("StepView is a read-only view")
+
+
+def overlay(layers: list[FleetData]) -> FleetData:
+    """One history for export and charts: each series from its first layer, gaps filled by later layers."""
+    if len(layers) == 1:
+        return layers[0]
+    out = FleetData(grid=layers[0].grid, targets={k: t for layer in layers for k, t in layer.targets.items()})
+    for layer in layers:
+        for key, sigs in layer.series.items():
+            for sig, vals in sigs.items():
+                prev = out.values(key, sig)
+                out.put(key, sig, vals.copy() if prev is None else np.where(np.isnan(prev), vals, prev))
+        for key, srcs in layer.sourced.items():
+            out.sourced.setdefault(key, set()).update(srcs)
+    return out
 
 
 def first_seen(data: FleetData) -> dict[TargetKey, float]:
