@@ -155,6 +155,8 @@ def test_secrets_never_appear_in_a_failing_run(
     root = logging.getLogger()
     root.addHandler(handler)
     caplog.set_level(logging.DEBUG)
+    for noisy in ("slack_sdk", "urllib3"):  # `kvwatch run` quiets them process-wide; this test wants every line
+        caplog.set_level(logging.DEBUG, logger=noisy)
     down = free_port()
     try:
         with fake_slack() as slack, webhook_receiver() as (hook, forwarded), alertmanager(hook) as am:
