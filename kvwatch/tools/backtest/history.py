@@ -19,7 +19,7 @@ import numpy as np
 from kvwatch.core.collect import collect, resolve
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target, TargetKey
-from kvwatch.core.promclient import QueryClient
+from kvwatch.core.promclient import QueryClient, Series
 
 #: grid points per range query (Prometheus refuses more than 11,000 per series)
 MAX_POINTS = 10_000
@@ -99,7 +99,8 @@ def fetch_layers(
     Layer *i* holds each target's *i*-th distinct set of sources (e.g. a vLLM upgrade
     from ``gpu_cache_usage_perc`` to ``kv_cache_usage_perc``: layer 0 the old names,
     layer 1 the new), so every step reads the sources ``once --at t`` would. Without
-    changes there is one layer; the queries grow with the number of changes, not steps.
+    changes there is one layer; a query is sent once whichever layers need it, so a change
+    costs only the queries of sources no earlier layer used (O(changes), never O(steps)).
     Returns the layers and ``(key, source_sig) → layer index``.
     """
     layer_of: dict[tuple[TargetKey, frozenset], int] = {}
@@ -116,6 +117,32 @@ def fetch_layers(
             while len(reps) <= i:
                 reps.append({})
             reps[i][t.key] = t
-    layers = [fetch_history(client, sorted(r.values(), key=lambda t: (t.key.job, t.key.instance)), spec)
+    # queries select every target of the scope, so a later layer repeats most of the earlier ones' queries
+    fetcher: QueryClient = _Memo(client) if len(reps) > 1 else client
+    layers = [fetch_history(fetcher, sorted(r.values(), key=lambda t: (t.key.job, t.key.instance)), spec)
               for r in reps] or [fetch_history(client, [], spec)]
     return layers, layer_of
+
+
+class _Memo:
+    """Answers a query already sent from memory: each layer then costs only the queries of its new sources.
+
+    Used only while fetching several layers (the answers stay in memory until all are built).
+    """
+
+    def __init__(self, client: QueryClient) -> None:
+        self._client = client
+        self.url = client.url
+        self._answers: dict[tuple[object, ...], list[Series]] = {}
+
+    def instant(self, query: str, at: datetime) -> list[Series]:
+        key = ("instant", query, at)
+        if key not in self._answers:
+            self._answers[key] = self._client.instant(query, at)
+        return self._answers[key]
+
+    def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Series]:
+        key = ("range", query, start, end, step_s)
+        if key not in self._answers:
+            self._answers[key] = self._client.range(query, start, end, step_s)
+        return self._answers[key]
