@@ -47,6 +47,7 @@ from kvwatch.core.models import Evaluation, Target, TargetKey
 from kvwatch.core.pipeline import collect_targets, counted, find_targets, scope_matchers
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.rules import RuleSet
+from kvwatch.core.scrape import rate_window
 from kvwatch.core.signals import Signal
 from kvwatch.durations import format_duration
 
@@ -121,6 +122,12 @@ class IncrementalEvaluator:
     def __call__(self, client: QueryClient, settings: Settings, rules: RuleSet, at: datetime) -> Evaluation:
         return counted(client, settings, at, lambda: self._body(client, settings, rules, at), rules)
 
+    @staticmethod
+    def _windows(ev: Any, data: FleetData) -> tuple[float, float]:
+        """(rate window, latency window) in seconds that ``data`` was fetched with."""
+        rate = data.rate_window_s if data.rate_window_s else ev.rate_window
+        return rate, rate_window(ev.latency_window, data.scrape_interval_s)
+
     def _discover(self, client: QueryClient, settings: Settings, at: datetime) -> list[Target]:
         rows = client.instant(fingerprint_query(scope_matchers(settings)), at)
         try:
@@ -153,7 +160,9 @@ class IncrementalEvaluator:
         k = int(np.rint(advanced))
         # overlap in whole steps, then back to a coarse sample slot so held latency values splice exactly
         m = k + math.ceil(ev.overlap / step)
-        hold = _latency_hold(format_duration(ev.latency_window), step)
+        # the windows the kept data were fetched with (widened for slow scrapes, core/scrape.py)
+        kept_windows = self._windows(ev, old) if old is not None else (ev.rate_window, ev.latency_window)
+        hold = _latency_hold(format_duration(kept_windows[1]), step)
         if hold > 1 and 0 <= m < n:  # step back to a slot whose step number is a multiple of hold
             m += int(np.rint(grid[n - m] / step)) % hold
         unchanged = [t for t in targets if old_targets.get(t.key) == t]
@@ -162,13 +171,18 @@ class IncrementalEvaluator:
             old is None or len(old.grid) != n + 1 or k < 0 or abs(advanced - k) > 1e-6
             or m >= n or len(changed) > len(targets) // 2
         )
+        short = None
+        if not full:
+            short = collect_targets(client, settings, rules, unchanged, at, window_s=m * step)
+            # the measured scrape interval widened or narrowed the rate/latency windows: the kept
+            # steps were computed with other windows, so nothing can be spliced
+            full = self._windows(ev, short) != kept_windows
         if full:
             data = collect_targets(client, settings, rules, targets, at)
             self._modes = signal_modes(targets, settings, rules)
             self.last_mode, self.last_steps = "full", n
         else:
-            assert old is not None
-            short = collect_targets(client, settings, rules, unchanged, at, window_s=m * step)
+            assert old is not None and short is not None
             if changed:
                 self._modes = signal_modes(targets, settings, rules)
             hold_src = _hold_index(n + 1, first_coarse_slot(grid, step, hold), hold)
