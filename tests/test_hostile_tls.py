@@ -107,3 +107,26 @@ def test_cli_once_over_tls_and_missing_files_are_config_errors(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "prometheus.ca_file" in err[0] and "environment" in err[0], err
     assert PASSWORD not in err[0]
+
+
+def test_capacity_reads_prometheus_with_the_same_tls_settings(
+    tls_prom: str, certs: Certs, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kvwatch capacity --prometheus-url` builds its client from the `prometheus` section
+    too (environment and --config), not from the bare URL: a CA bundle and verify_tls apply."""
+    for k in [k for k in os.environ if k.startswith(("KVWATCH_", "SLACK_"))]:
+        monkeypatch.delenv(k)
+    model = ["capacity", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--kv-dtype", "bf16",
+             "--max-input", "4k", "--max-output", "1k", "--format", "json", "--prometheus-url", with_creds(tls_prom)]
+    assert main(model) == 3  # verify on, private CA unknown: refused
+    err = capsys.readouterr().err
+    assert "certificate" in err.lower() and PASSWORD not in err
+    monkeypatch.setenv("KVWATCH_PROMETHEUS_CA_FILE", str(certs.ca))
+    assert main(model) == 0
+    capsys.readouterr()
+    monkeypatch.delenv("KVWATCH_PROMETHEUS_CA_FILE")
+    cfg = tmp_path / "kvwatch.yaml"
+    cfg.write_text("prometheus:\n  verify_tls: false\n")
+    assert main([*model, "--config", str(cfg)]) == 0
+    out = capsys.readouterr()
+    assert PASSWORD not in out.out + out.err

@@ -84,6 +84,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--at", metavar="T", help="RFC 3339 or Unix time (default: now)")
     g.add_argument("--window", metavar="DUR", help="rate window (default 1h)")
     g.add_argument("--selector", metavar="SEL", help="label matchers, e.g. '{model_name=\"m\"}'")
+    g.add_argument("--config", metavar="FILE",
+                   help="kvwatch config whose `prometheus` section (TLS, headers, timeout) applies")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format")
     p.set_defaults(func=run)
     return p
@@ -189,6 +191,20 @@ def _query(args: argparse.Namespace) -> _Query | None:
     return _Query(args.prometheus_url, at, format_duration(seconds), matchers)
 
 
+def _client(args: argparse.Namespace, url: str) -> QueryClient:
+    """The Prometheus client of the ``prometheus`` section (file → environment), with the URL of
+    ``--prometheus-url``: TLS, CA bundle, client certificate and headers apply as in ``once``."""
+    from kvwatch.config import load_settings
+    from kvwatch.core.promclient import PromClient
+
+    try:
+        settings = load_settings(getattr(args, "config", None), overrides={"prometheus": {"url": url}},
+                                 flags={"prometheus.url": "--prometheus-url"})
+    except ConfigError as exc:
+        raise CapacityError(str(exc)) from None
+    return PromClient.from_settings(settings.prometheus)
+
+
 def build_plan(
     args: argparse.Namespace, client: QueryClient | None = None
 ) -> tuple[CapacityPlan, Observation | None]:
@@ -208,11 +224,10 @@ def build_plan(
             model, limits, num_gpus=num_gpus, budget_for=budget_for, notes=tuple(notes)
         )
         return plan, None
-    from kvwatch.core.promclient import PromClient
     from kvwatch.tools.capacity.observed import observe
 
     with ExitStack() as stack:
-        active = client or stack.enter_context(closing(PromClient(query.url)))
+        active = client or stack.enter_context(closing(_client(args, query.url)))
         obs = observe(active, query.at, query.window, query.matchers, args.selector or "")
     notes += obs.notes
     if obs.pool_tokens:
