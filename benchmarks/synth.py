@@ -58,15 +58,16 @@ DIALECTS: tuple[DialectSpec, ...] = (
     ),
     DialectSpec(
         "sglang", "sglang:token_usage", "sglang:num_running_reqs", "sglang:num_queue_reqs",
-        ("sglang:num_retracted_reqs", "gauge"), "sglang:generation_tokens", "sglang:num_requests",
+        ("sglang:num_retracted_requests", "counter"), "sglang:generation_tokens", "sglang:num_requests",
         ("sglang:time_to_first_token_seconds", "sglang:queue_time_seconds", "sglang:inter_token_latency_seconds"),
         static=(("sglang:max_total_num_tokens", "", 65536.0),),
     ),
     DialectSpec(
-        "sglang-underscore", "sglang_token_usage", "sglang_num_running_reqs", "sglang_num_queue_reqs",
-        ("sglang_num_retracted_reqs", "gauge"), "sglang_generation_tokens", "sglang_num_requests",
-        ("sglang_time_to_first_token_seconds", "sglang_queue_time_seconds", "sglang_inter_token_latency_seconds"),
-        static=(("sglang_max_total_num_tokens", "", 65536.0),),
+        "sglang-ray", "ray_sglang_token_usage", "ray_sglang_num_running_reqs", "ray_sglang_num_queue_reqs",
+        ("ray_sglang_num_retracted_requests", "counter"), "ray_sglang_generation_tokens", "ray_sglang_num_requests",
+        ("ray_sglang_time_to_first_token_seconds", "ray_sglang_queue_time_seconds",
+         "ray_sglang_inter_token_latency_seconds"),
+        static=(("ray_sglang_max_total_num_tokens", "", 65536.0),),
     ),
     DialectSpec(
         "trtllm-serve", "trtllm_kv_cache_utilization", "trtllm_num_requests_running", "trtllm_num_requests_waiting",
@@ -74,7 +75,7 @@ DIALECTS: tuple[DialectSpec, ...] = (
         ("trtllm_time_to_first_token_seconds", "trtllm_request_queue_time_seconds", "trtllm_time_per_output_token_seconds"),
         model_label="",
         static=(("trtllm_kv_cache_max_blocks", "", 2048.0), ("trtllm_kv_cache_tokens_per_block", "", 32.0),
-                ("trtllm_max_num_active_requests", "", 64.0)),
+                ("trtllm_max_num_active_requests", "", 64.0), ("trtllm_iteration_latency_seconds", "", 0.03)),
     ),
 )
 

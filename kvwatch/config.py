@@ -65,6 +65,8 @@ class DiscoverySettings(_Model):
     dialects: tuple[str, ...] = ()
     #: `kvwatch run`: rediscover at least every N cycles; sooner when the count of live engines changes
     refresh_cycles: int = Field(10, ge=1)
+    #: regex (full match of the Triton `model` label) of the model holding the LLM; default: the models that export nv_trt_llm_* (LLM-API backend: tensorrt_llm)
+    triton_model: str = ""
 
 
 class EvaluationSettings(_Model):
@@ -359,6 +361,15 @@ def _check_semantics(s: Settings, source: str) -> None:
             problems.append(
                 Problem(source, "discovery.dialects", f"got {d!r}, expected one of {', '.join(DIALECT_BY_ID)}")
             )
+    if s.discovery.triton_model:
+        import re
+
+        try:
+            re.compile(s.discovery.triton_model)
+        except re.error as exc:
+            problems.append(Problem(source, "discovery.triton_model", f"not a regular expression: {exc}"))
+        if '"' in s.discovery.triton_model or "\\" in s.discovery.triton_model:
+            problems.append(Problem(source, "discovery.triton_model", "quotes and backslashes are not supported"))
     for key, text in (("discovery.selector", s.discovery.selector), ("ha.selector", s.ha.selector)):
         try:
             parse_selector(text, f"{source}: {key}")

@@ -50,11 +50,16 @@ from kvwatch.tools.dashboards.build import RECORDING_RULES, render_all
 from kvwatch.tools.dashboards.common import QUANTILES
 from kvwatch.tools.dashboards.queries import (
     PANEL_MATCHERS,
+    POOL_KV,
+    POOL_QUEUE,
     bucket_increase_exprs,
+    external_hit_ratio_expr,
     extra_expr,
+    lmcache_hit_ratio_expr,
     numeric_sources,
     prefix_hit_ratio_expr,
     prefix_saved_tokens_expr,
+    proxied,
     signal_expr,
 )
 from kvwatch.tools.dashboards.recording import INFO_RECORD, PREFIX_HIT_RECORD, RECORDS
@@ -108,6 +113,16 @@ def _catalogue() -> list[tuple[str, str, tuple[Need, ...]]]:
         ("prefix hit ratio", prefix_hit_ratio_expr(),
          (_extra_need(Extra.PREFIX_HIT_TOKENS), _extra_need(Extra.PREFIX_QUERY_TOKENS)))
     )
+    for proxy in (True, False):  # KV usage: measured and proxy dialects are separate series
+        ids = {d.id for d in proxied(Signal.KV_USAGE, proxy)}
+        out.append((f"kv_usage proxy={proxy}", signal_expr(Signal.KV_USAGE, dialects=proxied(Signal.KV_USAGE, proxy)),
+                    (lambda d, ids=ids: numeric_sources(d, Signal.KV_USAGE) if d.id in ids else (),)))
+    out.append(("external hit ratio", external_hit_ratio_expr(),
+                (_extra_need(Extra.EXTERNAL_HIT_TOKENS), _extra_need(Extra.EXTERNAL_QUERY_TOKENS))))
+    out.append(("lmcache hit ratio", lmcache_hit_ratio_expr(),
+                (_extra_need(Extra.LMCACHE_HIT_TOKENS), _extra_need(Extra.LMCACHE_REQUESTED_TOKENS))))
+    # the inference gateway's pool gauges come from the EPP, not from an engine: no simulated target has them
+    out += [(f"gateway {m}", m, (lambda d: (),)) for m in (POOL_KV, POOL_QUEUE)]
     cache_info = {s.promql(PANEL_MATCHERS, "") for d in DIALECT_BY_ID.values()
                   for s in _cache_info_need(d)}
     out += [("vllm cache info", q, (_cache_info_need,)) for q in sorted(cache_info)]
@@ -156,7 +171,9 @@ class SimProm:
 
     def exports(self, inst: str, src: Source) -> bool:
         names = src.requires
-        return inst in self.with_series(names[0], src.matchers) and all(inst in self.with_series(n) for n in names[1:])
+        # a lazily created counter's source needs only its anchor (the counter reads 0 until it exists)
+        first = self.with_series(names[0], "" if src.lazy_anchor else src.matchers)
+        return inst in first and all(inst in self.with_series(n) for n in names[1:])
 
     def expected(self, needs: tuple[Need, ...]) -> set[str]:
         """Instances that export, for every need, one of their dialect's sources."""
@@ -397,9 +414,15 @@ SIM_GAPS: dict[tuple[str, Extra], str] = {
     ("vllm-v0", Extra.PREFIX_QUERY_TOKENS): "same",
     ("sglang", Extra.PROMPT_LENGTH): "prompt_tokens_histogram: >= 0.4.6 with --collect-tokens-histogram",
     ("sglang", Extra.OUTPUT_LENGTH): "same",
-    ("sglang-underscore", Extra.PROMPT_LENGTH): "same",
-    ("sglang-underscore", Extra.OUTPUT_LENGTH): "same",
+    ("sglang-ray", Extra.PROMPT_LENGTH): "same",
+    ("sglang-ray", Extra.OUTPUT_LENGTH): "same",
     ("trtllm-serve", Extra.PREFIX_HIT_TOKENS): "trtllm_prompt_cached_tokens_total (engine-metrics.md section 2)",
+    # KV-connector / offload families: only with a connector (LMCache, NIXL, the CPU offloading one)
+    **{(d, e): "only with a KV connector configured; the simulator runs none"
+       for d in ("vllm-v0", "vllm-v1")
+       for e in (Extra.EXTERNAL_HIT_TOKENS, Extra.EXTERNAL_QUERY_TOKENS, Extra.CACHED_PROMPT_TOKENS,
+                 Extra.OFFLOAD_USAGE, Extra.LMCACHE_HIT_TOKENS, Extra.LMCACHE_REQUESTED_TOKENS,
+                 Extra.LMCACHE_LOCAL_BYTES)},
 }
 
 

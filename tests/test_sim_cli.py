@@ -10,6 +10,7 @@ import pytest
 from support.prom import require_binary
 
 from kvwatch.sim import cli
+from kvwatch.sim.vocab import Dialect
 
 
 def main(argv: list[str]) -> int:
@@ -24,7 +25,7 @@ def test_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert "misread-imbalance" in capsys.readouterr().out
     assert main(["simulate", "list", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert len(doc["presets"]) == 13 and len(doc["dialects"]) == 10
+    assert len(doc["presets"]) == 13 and len(doc["dialects"]) == len(Dialect)
     assert main(["simulate"]) == 2  # no sub-command: help, usage error
 
 

@@ -52,7 +52,8 @@ EXPECTED: dict[Dialect, set[str]] = {
         f"{V}gpu_prefix_cache_hit_rate", f"{V}avg_prompt_throughput_toks_per_s",
         f"{V}avg_generation_throughput_toks_per_s", f"{V}time_per_output_token_seconds"},
     Dialect.SGLANG_0_5: {f"sglang:{n}" for n in SGLANG_05},
-    Dialect.SGLANG_UNDERSCORE: {f"sglang_{n}" for n in SGLANG_05},
+    # Ray Serve LLM: the native names sanitised for OpenTelemetry and prefixed ray_
+    Dialect.SGLANG_RAY: {f"ray_sglang_{n}" for n in SGLANG_05},
     Dialect.SGLANG_0_4_0: {f"sglang:{n}" for n in (
         "prompt_tokens_total", "generation_tokens_total", "token_usage", "cache_hit_rate",
         "time_to_first_token_seconds", "e2e_request_latency_seconds",
@@ -70,9 +71,31 @@ EXPECTED: dict[Dialect, set[str]] = {
         "kv_cache_used_blocks", "kv_cache_tokens_per_block", "num_requests_running",
         "num_requests_waiting", "num_scheduled_requests", "num_paused_requests",
         "num_context_requests", "num_generation_requests", "max_num_active_requests",
-        "prompt_tokens_total", "generation_tokens_total")},
+        "iteration_latency_seconds", "prompt_tokens_total", "generation_tokens_total")},
     Dialect.TRTLLM_SERVE_GEN_A: SERVE_LATENCY,
 }
+EXPECTED[Dialect.VLLM_RAY] = {"ray_" + n.replace(":", "_") for n in EXPECTED[Dialect.VLLM_0_33]}
+EXPECTED[Dialect.LMDEPLOY] = {f"lmdeploy:{n}" for n in (
+    "num_requests_succeeded", "num_requests_failed", "num_api_requests_routed", "num_api_requests_waiting",
+    "num_requests_running", "num_requests_waiting", "gpu_cache_usage_perc", "prefix_cache_hit_rate",
+    "prompt_tokens_total", "generation_tokens_total", "cached_tokens_total", "request_success_total",
+    "request_prompt_tokens", "request_generation_tokens", "time_to_first_token_seconds",
+    "time_per_output_token_seconds", "iter_token_latency", "e2e_request_latency_seconds",
+    "request_queue_time_seconds")}
+EXPECTED[Dialect.TGI] = {f"tgi_{n}" for n in (
+    "queue_size", "batch_current_size", "batch_current_max_tokens", "batch_max_total_tokens", "request_count",
+    "request_success", "request_failure", "request_queue_duration", "request_mean_time_per_token_duration",
+    "request_duration", "request_input_length", "request_generated_tokens")}
+EXPECTED[Dialect.DYNAMO_FRONTEND] = {f"dynamo_frontend_{n}" for n in (
+    "inflight_requests", "queued_requests", "requests_total", "output_tokens_total", "time_to_first_token_seconds",
+    "inter_token_latency_seconds", "input_sequence_tokens", "model_total_kv_blocks", "model_kv_cache_block_size",
+    "model_max_num_seqs", "worker_active_decode_blocks")}
+EXPECTED[Dialect.DYNAMO_WORKER] = {f"dynamo_component_{n}" for n in (
+    "inflight_requests", "requests_total", "errors_total", "kvstats_gpu_cache_usage_percent", "kvstats_total_blocks")}
+#: names read in upstream source for engines shared/engine-metrics.md does not cover
+UPSTREAM_NAMES = {ln.strip() for ln in (Path(__file__).parent / "fixtures" / "engines" /
+                                        "upstream-metric-names.txt").read_text().splitlines()
+                  if ln.strip() and not ln.startswith("#")}
 CREATED_AT = 1_790_000_000.0
 
 
@@ -128,7 +151,10 @@ def test_every_name_is_documented_in_engine_metrics_md(dialect: Dialect) -> None
     for name in type_names(scrape(dialect)[0]):
         if name.endswith("_created"):
             continue
-        canonical = name.replace("sglang_", "sglang:", 1)
+        # Ray Serve re-exports the native names as ray_<engine>_<rest> (':' is not OTel-safe)
+        canonical = re.sub(r"^ray_(vllm|sglang)_", r"\1:", name)
+        if canonical in UPSTREAM_NAMES:
+            continue
         assert re.search(rf"(?<![\w:]){re.escape(canonical)}(?![\w])", doc), name
 
 
@@ -183,7 +209,11 @@ def test_sglang_trtllm_label_shapes() -> None:
     usage_old = [v for n, _, v in old if n == "sglang_token_usage"]
     assert round(usage_old[0], 2) == usage_old[0]  # the 0.4 scheduler rounds to 2 decimals
     triton = samples(scrape(Dialect.TRTLLM_TRITON)[0])
-    assert all(lb["model"] == "tensorrt_llm" and lb["version"] == "1" for _, lb, _ in triton)
+    assert all(lb["version"] == "1" for _, lb, _ in triton)
+    # backend metrics belong to the LLM model; Triton core metrics exist for every model of the ensemble
+    assert {lb["model"] for n, lb, _ in triton if n.startswith("nv_trt_llm_")} == {"tensorrt_llm"}
+    assert {lb["model"] for n, lb, _ in triton if n.startswith("nv_inference_request_success")} == {
+        "tensorrt_llm", "ensemble", "preprocessing", "postprocessing"}
     types = {lb["kv_cache_block_type"] for n, lb, _ in triton
              if n == "nv_trt_llm_kv_cache_block_metrics"}
     assert types == {"max", "free", "used", "tokens_per", "fraction", "reused"}

@@ -20,10 +20,10 @@ from kvwatch.sim.vocab import Dialect
 
 DURATION = 2100.0
 END = default_end_time()
-PRESET_OF = {d: p for d, p in zip(Dialect, ("full", "healthy-light", "oscillating",
-                                             "fragmented", "idle-batch-limited", "full",
-                                             "healthy-busy", "full", "idle-stalled",
-                                             "misread-tail"), strict=True)}
+_PRESETS = ("full", "healthy-light", "oscillating", "fragmented", "idle-batch-limited", "full",
+            "healthy-busy", "full", "idle-stalled", "misread-tail")
+# new dialects reuse the presets in turn
+PRESET_OF = {d: _PRESETS[i % len(_PRESETS)] for i, d in enumerate(Dialect)}
 SAMPLE = re.compile(r'^([A-Za-z_:][\w:]*)\{(.*)\} (\S+) (\S+)$')
 
 

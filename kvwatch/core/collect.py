@@ -50,12 +50,17 @@ def resolve(target: Target) -> dict[Signal, Source]:
 
 
 def plan(
-    targets: list[Target], user_matchers: str, rate_window: str, latency_window: str | None = None
+    targets: list[Target],
+    user_matchers: str,
+    rate_window: str,
+    latency_window: str | None = None,
+    triton_model: str = "",
 ) -> dict[str, list[tuple[Signal, set[TargetKey], Source]]]:
     """PromQL → the (signal, targets, source) it serves. Identical queries are sent once.
 
     ``latency_window`` (default: ``rate_window``) is the window of histogram quantiles
     and means: a tail needs more requests than a 2-minute rate holds to be stable.
+    ``triton_model``: regex of the Triton LLM model (empty: the models exporting ``nv_trt_llm_*``).
     """
     uses: dict[tuple[Signal, Source], set[TargetKey]] = defaultdict(set)
     for t in targets:
@@ -63,7 +68,7 @@ def plan(
             uses[(sig, src)].add(t.key)
     queries: dict[str, list[tuple[Signal, set[TargetKey], Source]]] = defaultdict(list)
     for (sig, src), keys in uses.items():
-        queries[src.promql(user_matchers, rate_window, latency_window)].append((sig, keys, src))
+        queries[src.promql(user_matchers, rate_window, latency_window, triton_model)].append((sig, keys, src))
     return dict(queries)
 
 
@@ -299,6 +304,7 @@ def collect(
     max_concurrency: int = 4,
     latency_window: str | None = None,
     range_signals: frozenset[Signal] | None = None,
+    triton_model: str = "",
 ) -> FleetData:
     """Fetch every signal of every target over [at − window, at] on a ``step_s`` grid.
 
@@ -313,7 +319,7 @@ def collect(
     data = FleetData(grid=grid, targets={t.key: t for t in targets})
     for t in targets:
         data.sourced[t.key] = set(resolve(t))
-    queries = plan(targets, user_matchers, rate_window, latency_window)
+    queries = plan(targets, user_matchers, rate_window, latency_window, triton_model)
 
     modes = query_modes(queries, range_signals, latency_window, step_s)
     static = {q for q, m in modes.items() if m == "static"}
@@ -344,13 +350,16 @@ def collect(
 
         def fetch_chunk(sub: list[TargetKey]) -> list[Series]:
             matchers = join_matchers(user_matchers, instances_matcher(sub))
-            return fetch(src.promql(matchers, rate_window, latency_window), mode)
+            return fetch(src.promql(matchers, rate_window, latency_window, triton_model), mode)
 
         return q, [row for chunk in _split(keys, fetch_chunk) for row in chunk]
 
     with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
         answers = list(pool.map(run, sorted(queries)))
     _ceilings(client, queries, user_matchers, at, data)
+    # vllm:cache_config_info: one pool per data-parallel engine; a config change within
+    # the window gives an engine several rows (keep its largest), engines are summed.
+    pools: dict[tuple[TargetKey, Signal], dict[str, np.ndarray]] = defaultdict(dict)
     for q, rows in answers:
         uses = queries[q]
         for row in rows:
@@ -374,8 +383,14 @@ def collect(
                     if tokens is None:
                         continue
                     info = np.where(np.isnan(vals), np.nan, tokens)
-                    prev = data.values(key, sig)
-                    data.put(key, sig, info if prev is None else np.fmax(prev, info))
+                    engines = pools[(key, sig)]
+                    engine = str(m.get("engine", ""))
+                    prev = engines.get(engine)
+                    engines[engine] = info if prev is None else np.fmax(prev, info)
                 else:
                     data.put(key, sig, vals)
+    for (key, sig), engines in pools.items():
+        stack = np.vstack(list(engines.values()))
+        total = np.where(np.isnan(stack), 0.0, stack).sum(axis=0)
+        data.put(key, sig, np.where(np.isnan(stack).all(axis=0), np.nan, total))
     return data

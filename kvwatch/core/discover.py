@@ -56,19 +56,29 @@ def stale_query(user_matchers: str, window_s: float) -> str:
     return " or ".join(parts)
 
 
-def _detect(names: set[str], labels: dict[str, set[str]], allowed: tuple[str, ...]) -> Dialect | None:
+def _detect(
+    names: set[str], labels: dict[str, set[str]], allowed: tuple[str, ...], triton_model: str = ""
+) -> Dialect | None:
     for d in DIALECTS:
         if allowed and d.id not in allowed:
             continue
         if d.required_label and not labels.get(d.required_label, set()) - {""}:
             continue
+        if d.model_pattern:
+            pattern = re.compile(triton_model or d.model_pattern)
+            if not any(pattern.fullmatch(m) for m in labels.get("model", set()) - {""}):
+                continue
         if any(m in names for m in d.markers):
             return d
     return None
 
 
-def parse_discovery(rows: list[Series], allowed: tuple[str, ...] = ()) -> list[Target]:
-    """Turn discovery rows into targets. Router look-alikes (``server`` label, no model) are skipped."""
+def parse_discovery(rows: list[Series], allowed: tuple[str, ...] = (), triton_model: str = "") -> list[Target]:
+    """Turn discovery rows into targets. Router look-alikes (``server`` label, no model) are skipped.
+
+    ``triton_model``: regex of the Triton model holding the LLM (default: ``tensorrt_llm``
+    for a Triton server that exports only core metrics, i.e. the LLM-API backend).
+    """
     names: dict[TargetKey, set[str]] = defaultdict(set)
     labels: dict[TargetKey, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     models: dict[TargetKey, dict[str, str]] = defaultdict(dict)
@@ -88,7 +98,7 @@ def parse_discovery(rows: list[Series], allowed: tuple[str, ...] = ()) -> list[T
             models[key].setdefault(name, model)
     out: list[Target] = []
     for key, ns in names.items():
-        d = _detect(ns, labels[key], allowed)
+        d = _detect(ns, labels[key], allowed, triton_model)
         if d is None:
             continue
         kv_names = [s.requires[0] for s in d.sources.get(Signal.KV_USAGE, ())]
@@ -100,10 +110,15 @@ def parse_discovery(rows: list[Series], allowed: tuple[str, ...] = ()) -> list[T
 
 
 def discover(
-    client: QueryClient, at: datetime, window_s: float, user_matchers: str, allowed: tuple[str, ...] = ()
+    client: QueryClient,
+    at: datetime,
+    window_s: float,
+    user_matchers: str,
+    allowed: tuple[str, ...] = (),
+    triton_model: str = "",
 ) -> list[Target]:
     """Targets live at ``at`` plus stale ones (KV usage seen in the window, none now)."""
-    live = parse_discovery(client.instant(discovery_query(user_matchers), at), allowed)
+    live = parse_discovery(client.instant(discovery_query(user_matchers), at), allowed, triton_model)
     stale = stale_keys(live, client.instant(stale_query(user_matchers, window_s), at))
     if stale:
         live += stale_targets(stale, client.instant(up_query(user_matchers), at))

@@ -30,6 +30,13 @@ class Extra(StrEnum):
     KV_USED_BLOCKS = "kv_used_blocks"  # gauge, blocks
     KV_FREE_BLOCKS = "kv_free_blocks"  # gauge, blocks
     KV_TOTAL_BLOCKS = "kv_total_blocks"  # gauge, blocks
+    EXTERNAL_HIT_TOKENS = "external_hit_tokens"  # counter, tokens found in a KV-connector cache (LMCache, NIXL)
+    EXTERNAL_QUERY_TOKENS = "external_query_tokens"  # counter, tokens looked up there
+    CACHED_PROMPT_TOKENS = "cached_prompt_tokens"  # counter, prompt tokens not computed (local + external)
+    OFFLOAD_USAGE = "offload_usage"  # gauge, ratio 0-1 of the offload (CPU) KV tier in use
+    LMCACHE_HIT_TOKENS = "lmcache_hit_tokens"  # counter, tokens LMCache served (inside vLLM)
+    LMCACHE_REQUESTED_TOKENS = "lmcache_requested_tokens"  # counter, tokens asked of LMCache
+    LMCACHE_LOCAL_BYTES = "lmcache_local_bytes"  # gauge, bytes of LMCache's local (CPU) tier in use
 
 
 def _first(dialect_id: str, signal: Signal) -> Source:
@@ -54,6 +61,27 @@ def _vllm() -> dict[Extra, tuple[Source, ...]]:
             Source(C, f"{p}prefix_cache_queries_total", vm, agg="sum"),
             Source(C, f"{p}gpu_prefix_cache_queries_total", vm, agg="sum"),
         ),
+        Extra.PROMPT_LENGTH: (Source(SourceKind.HIST_MEAN, f"{p}request_prompt_tokens", vm),),
+        Extra.OUTPUT_LENGTH: (Source(SourceKind.HIST_MEAN, f"{p}request_generation_tokens", vm),),
+        # >= 0.11.2, only with a KV connector; >= 0.16; only with the CPU offloading connector
+        Extra.EXTERNAL_HIT_TOKENS: (Source(C, f"{p}external_prefix_cache_hits_total", vm, agg="sum"),),
+        Extra.EXTERNAL_QUERY_TOKENS: (Source(C, f"{p}external_prefix_cache_queries_total", vm, agg="sum"),),
+        Extra.CACHED_PROMPT_TOKENS: (Source(C, f"{p}prompt_tokens_cached_total", vm, agg="sum"),),
+        Extra.OFFLOAD_USAGE: (Source(G, f"{p}kv_offload_cpu_cache_usage_perc"),),
+        # LMCache as vLLM's KV connector registers its own families on vLLM's /metrics
+        # (LMCache/LMCache:lmcache/observability.py; labels model_name, worker_id, role)
+        Extra.LMCACHE_HIT_TOKENS: (Source(C, "lmcache:num_hit_tokens_total", agg="sum"),),
+        Extra.LMCACHE_REQUESTED_TOKENS: (Source(C, "lmcache:num_requested_tokens_total", agg="sum"),),
+        Extra.LMCACHE_LOCAL_BYTES: (Source(G, "lmcache:local_cache_usage", agg="sum"),),
+    }
+
+
+def _vllm_ray(dialect_id: str) -> dict[Extra, tuple[Source, ...]]:
+    p = _prefix(dialect_id)
+    vm = _first(dialect_id, Signal.KV_USAGE).matchers
+    return {
+        Extra.PREFIX_HIT_TOKENS: (Source(C, f"{p}prefix_cache_hits_total", vm, agg="sum"),),
+        Extra.PREFIX_QUERY_TOKENS: (Source(C, f"{p}prefix_cache_queries_total", vm, agg="sum"),),
         Extra.PROMPT_LENGTH: (Source(SourceKind.HIST_MEAN, f"{p}request_prompt_tokens", vm),),
         Extra.OUTPUT_LENGTH: (Source(SourceKind.HIST_MEAN, f"{p}request_generation_tokens", vm),),
     }
@@ -93,14 +121,31 @@ def _trtllm_serve() -> dict[Extra, tuple[Source, ...]]:
     }
 
 
+def _lmdeploy() -> dict[Extra, tuple[Source, ...]]:
+    p = _prefix("lmdeploy")
+    return {
+        Extra.PREFIX_HIT_TOKENS: (Source(C, f"{p}cached_tokens_total", agg="sum"),),
+        Extra.PREFIX_QUERY_TOKENS: (_first("lmdeploy", Signal.PROMPT_TPS),),
+        Extra.PROMPT_LENGTH: (Source(SourceKind.HIST_MEAN, f"{p}request_prompt_tokens"),),
+        Extra.OUTPUT_LENGTH: (Source(SourceKind.HIST_MEAN, f"{p}request_generation_tokens"),),
+    }
+
+
+def _dynamo() -> dict[Extra, tuple[Source, ...]]:
+    return {Extra.KV_TOTAL_BLOCKS: (Source(G, "dynamo_component_kvstats_total_blocks", agg="sum"),)}
+
+
 #: Per dialect id, the extra families it can export (absent key: not exported by that engine).
 EXTRA_SOURCES: dict[str, dict[Extra, tuple[Source, ...]]] = {
     "vllm-v0": _vllm(),
     "vllm-v1": _vllm(),
+    "vllm-ray": _vllm_ray("vllm-ray"),
     "sglang": _sglang("sglang"),
-    "sglang-underscore": _sglang("sglang-underscore"),
+    "sglang-ray": _sglang("sglang-ray"),
+    "lmdeploy": _lmdeploy(),
     "trtllm-triton": _triton(),
     "trtllm-serve": _trtllm_serve(),
+    "dynamo-worker": _dynamo(),
 }
 
 

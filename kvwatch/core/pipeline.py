@@ -32,7 +32,8 @@ def scope_matchers(settings: Settings) -> str:
 
 def find_targets(client: QueryClient, settings: Settings, at: datetime) -> list[Target]:
     """Discovered targets of this replica's shard (all of them when unsharded)."""
-    targets = discover(client, at, settings.evaluation.window, scope_matchers(settings), settings.discovery.dialects)
+    targets = discover(client, at, settings.evaluation.window, scope_matchers(settings), settings.discovery.dialects,
+                       settings.discovery.triton_model)
     shard = Shard(settings.shard.index, settings.shard.count, settings.shard.by)
     return shard.select(targets) if shard.active else targets
 
@@ -65,6 +66,7 @@ def collect_targets(
         range_signals=rules.condition_signals(),
         user_matchers=matchers,
         max_concurrency=settings.prometheus.max_concurrency,
+        triton_model=settings.discovery.triton_model,
     )
     data.rate_window_s, data.scrape_interval_s = rate_s, interval
     return data

@@ -24,6 +24,7 @@ class Signal(StrEnum):
     QUEUE_P99 = "queue_p99"
     QUEUE_MEAN = "queue_mean"
     ITL_P99 = "itl_p99"
+    TPOT_P99 = "tpot_p99"
     GEN_TPS = "gen_tps"
     PROMPT_TPS = "prompt_tps"
     REQUEST_RATE = "request_rate"
@@ -50,15 +51,18 @@ SIGNAL_INFO: dict[Signal, SignalInfo] = {
     Signal.WAITING: SignalInfo("requests", "requests waiting to be scheduled"),
     Signal.WAITING_CAPACITY: SignalInfo("requests", "waiting because of KV capacity (vLLM >= 0.20.2)"),
     Signal.PREEMPTIONS: SignalInfo(
-        "1/s or requests",
-        "preemptions/retractions per second; for TensorRT-LLM the paused-requests gauge",
+        "1/s",
+        "preemptions/retractions per second (events/s from every engine)",
     ),
     Signal.TTFT_P50: SignalInfo("s", "time to first token, median over the rate window"),
     Signal.TTFT_P99: SignalInfo("s", "time to first token, 99th percentile over the rate window"),
     Signal.TTFT_MEAN: SignalInfo("s", "time to first token, windowed mean rate(sum)/rate(count)"),
     Signal.QUEUE_P99: SignalInfo("s", "queue time, 99th percentile (observed at request finish)"),
     Signal.QUEUE_MEAN: SignalInfo("s", "queue time, windowed mean"),
-    Signal.ITL_P99: SignalInfo("s", "inter-token latency (or TPOT), 99th percentile"),
+    Signal.ITL_P99: SignalInfo("s", "inter-token latency (one observation per output step), 99th percentile"),
+    Signal.TPOT_P99: SignalInfo(
+        "s", "per-request mean time per output token, 99th percentile over requests (understates the ITL tail)"
+    ),
     Signal.GEN_TPS: SignalInfo("tokens/s", "generated tokens per second"),
     Signal.PROMPT_TPS: SignalInfo("tokens/s", "prompt tokens per second"),
     Signal.REQUEST_RATE: SignalInfo("requests/s", "finished requests per second"),

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvwatch.core.collect import cache_info_tokens
-from kvwatch.core.dialects import Source, SourceKind
+from kvwatch.core.dialects import TRITON_LLM_MARKER, Source, SourceKind
 from kvwatch.core.selector import Matcher, parse_selector
 from kvwatch.core.signals import Signal
 from kvwatch.demo.groundtruth import histogram_mean, histogram_quantile, rate
@@ -84,6 +84,9 @@ def evaluate_source(src: Source, exposed: Exposed, rate_window: float, latency_w
     """The signal ``src`` yields on the scrape times; None when its query returns nothing
     (and for ``EXPR`` sources, which this does not interpret)."""
     matchers = parse_selector(src.matchers, f"source {src.metric}")
+    if src.triton_core:  # only the model(s) that export the TensorRT-LLM backend's metrics
+        llm = sorted({lb.get("model", "") for lb in exposed.labels(TRITON_LLM_MARKER)})
+        matchers = [*matchers, Matcher("model", "=~", "|".join(re.escape(m) for m in llm) or "^$")]
     t = exposed.t
     k = src.kind
     out: np.ndarray | None
@@ -93,6 +96,8 @@ def evaluate_source(src: Source, exposed: Exposed, rate_window: float, latency_w
     elif k is SourceKind.COUNTER:
         series = exposed.select(src.metric, matchers)
         out = _agg([rate(v, t, rate_window) for _, v in series], src.agg) if series else None
+        if out is None and src.lazy_anchor and exposed.labels(src.lazy_anchor):
+            out = np.zeros(len(t))  # created at the first event: none yet
     elif k is SourceKind.HIST_QUANTILE:
         by_le: dict[float, list[tuple[dict[str, str], np.ndarray]]] = defaultdict(list)
         for lb, v in exposed.select(f"{src.metric}_bucket", matchers):
@@ -132,6 +137,10 @@ def expr_fallback(sig: Signal, run: TargetRun, rate_window: float) -> np.ndarray
         return np.asarray(view.g["waiting"], dtype=float)
     if sig is Signal.RUNNING:  # SGLang: max over the scheduler ranks, summed over replicas
         return np.asarray(view.g["running"], dtype=float)
+    if sig is Signal.PREEMPTIONS:  # TensorRT-LLM: paused per iteration x iterations/s
+        return rate(np.asarray(view.c["preemptions"], dtype=float), t, rate_window)
+    if sig is Signal.ABORT_RATE:  # trtllm-serve: cancelled/timeout finishes + errors
+        return rate(np.asarray(view.c["aborted"], dtype=float), t, rate_window)
     if sig is Signal.QUEUE_MEAN:
         done = np.asarray(view.c["success_stop"], dtype=float) + np.asarray(view.c["success_length"], dtype=float)
         return histogram_mean(np.asarray(view.c["queue_us"], dtype=float) / 1e6, done, t, rate_window)

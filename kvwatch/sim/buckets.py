@@ -39,6 +39,16 @@ SGLANG_QUEUE: Bounds = (0.0, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0,
                         700.0, 800.0, 900.0, 1000.0, 1200.0, 1400.0, 1600.0, 1800.0, 2000.0,
                         2500.0, 3000.0)
 
+# --- LMDeploy (seconds; lmdeploy/metrics/loggers.py) -------------------------------
+LMDEPLOY_ITL: Bounds = (0.005, *VLLM_ITL)  # iter_token_latency and time_per_output_token_seconds
+
+# --- TGI (router/src/server.rs): every *duration histogram has 35 geometric buckets, 1e-4 x 1.5^k ---
+TGI_DURATION: Bounds = tuple(round(1e-4 * 1.5**k, 12) for k in range(1, 36))
+#: input-length / generated-token buckets are 100 linear steps up to the configured maxima;
+#: the simulated router runs with max_input_tokens 4096 and max_total_tokens 8192
+TGI_INPUT: Bounds = tuple(4096 / 100 * (x + 1) for x in range(100))
+TGI_GENERATED: Bounds = tuple(8192 / 100 * (x + 1) for x in range(100))
+
 # --- token counts -----------------------------------------------------------------
 TRITON_TOKENS: Bounds = (10.0, 50.0, 100.0, 500.0, 1000.0)
 
@@ -64,11 +74,11 @@ def _union(*sets: Bounds) -> Bounds:
 UNION: Mapping[str, Bounds] = {
     "ttft": _union(VLLM_TTFT, SGLANG_TTFT_OLD, SGLANG_TTFT),
     "itl": _union(VLLM_ITL, SGLANG_TPOT_OLD, SGLANG_ITL),
-    "tpot_req": VLLM_ITL,
-    "e2e": _union(VLLM_LATENCY, SGLANG_E2E),
-    "queue": _union(VLLM_LATENCY, SGLANG_QUEUE),
-    "prompt_tokens": _union(vllm_token_buckets(1_000_000), TRITON_TOKENS),
-    "gen_tokens": _union(vllm_token_buckets(1_000_000), TRITON_TOKENS),
+    "tpot_req": _union(VLLM_ITL, LMDEPLOY_ITL, TGI_DURATION),
+    "e2e": _union(VLLM_LATENCY, SGLANG_E2E, TGI_DURATION),
+    "queue": _union(VLLM_LATENCY, SGLANG_QUEUE, TGI_DURATION),
+    "prompt_tokens": _union(vllm_token_buckets(1_000_000), TRITON_TOKENS, TGI_INPUT),
+    "gen_tokens": _union(vllm_token_buckets(1_000_000), TRITON_TOKENS, TGI_GENERATED),
 }
 QUANTITIES: tuple[str, ...] = tuple(UNION)
 TTFT, ITL, TPOT_REQ, E2E, QUEUE, PROMPT_TOKENS, GEN_TOKENS = range(len(QUANTITIES))

@@ -90,7 +90,15 @@ def register(*dialects: Dialect) -> Callable[[Renderer], Renderer]:
 def families(dialect: Dialect | str, views: Sequence[EngineView], model_name: str
              ) -> list[Family]:
     """Families of ``dialect`` for one instance (several views: data-parallel engines)."""
-    from kvwatch.sim import expose_sglang, expose_trtllm, expose_vllm  # noqa: F401  (register)
+    from kvwatch.sim import (  # noqa: F401  (register)
+        expose_dynamo,
+        expose_lmdeploy,
+        expose_ray,
+        expose_sglang,
+        expose_tgi,
+        expose_trtllm,
+        expose_vllm,
+    )
 
     return _RENDERERS[Dialect(dialect)](views, model_name)
 

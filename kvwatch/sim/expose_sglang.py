@@ -1,4 +1,4 @@
-"""SGLang dialects: 0.5.x (``sglang:`` or ``sglang_``) and the 0.3-0.4.0 set (§3)."""
+"""SGLang dialects: 0.5.x (``sglang:``) and the 0.3-0.4.0 set (§3); Ray Serve: expose_ray."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
     view = views[0]
     g, c = view.g, view.c
     f = Families()
-    p = "sglang_" if d is Dialect.SGLANG_UNDERSCORE else "sglang:"
+    p = "sglang:"
     tok: Labels = (("model_name", model_name),)  # tokenizer-manager metrics
     if d is Dialect.SGLANG_0_4_0:
         sched = tok
@@ -78,5 +78,10 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
     return f.done()
 
 
-for _dialect in (Dialect.SGLANG_0_5, Dialect.SGLANG_0_4_0, Dialect.SGLANG_UNDERSCORE):
+for _dialect in (Dialect.SGLANG_0_5, Dialect.SGLANG_0_4_0):
     register(_dialect)(partial(_render, _dialect))
+
+
+def render_0_5(views: Sequence[EngineView], model_name: str) -> list[Family]:
+    """The native 0.5.x families (the Ray wrapper re-exports exactly these)."""
+    return _render(Dialect.SGLANG_0_5, views, model_name)

@@ -82,8 +82,19 @@ def triton(views: Sequence[EngineView], model_name: str) -> list[Family]:
     )
     for name, help_, value in core:
         f.counter(name, help_, base, value)
+    # the ensemble around the LLM: every request also passes pre/post-processing (twice as
+    # many successes on the BLS-style preprocessing), none of them queue at the executor
+    for model, calls in (("ensemble", 1.0), ("preprocessing", 2.0), ("postprocessing", 1.0)):
+        other: Labels = (("model", model), ("version", "1"))
+        for name, help_, value in core:
+            scale = 0.0 if name == "nv_inference_queue_duration_us" else calls
+            f.counter(name, help_, other, np.floor(np.asarray(value) * scale))
     f.gauge("nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model.", base, queued)
+    for model in ("ensemble", "preprocessing", "postprocessing"):
+        f.gauge("nv_inference_pending_request_count",
+                "Instantaneous number of pending requests awaiting execution per-model.",
+                (("model", model), ("version", "1")), 0.0)
     f.histogram("nv_llm_input_token_len", "TRT LLM response metrics",
                 (*base, ("response_metric_type", "total_input_tokens")), view, "prompt_tokens",
                 B.TRITON_TOKENS)
@@ -95,7 +106,8 @@ def triton(views: Sequence[EngineView], model_name: str) -> list[Family]:
 
 def _serve_latency(f: Families, prefix: str, lb: Labels, view: EngineView) -> None:
     c = view.c
-    for reason, key in (("stop", "success_stop"), ("length", "success_length")):
+    # LLM-API finish reasons: stop, length, timeout, cancelled (client disconnects)
+    for reason, key in (("stop", "success_stop"), ("length", "success_length"), ("cancelled", "aborted")):
         f.counter(f"{prefix}request_success_total", "Count of successfully processed requests.",
                   (*lb, ("finished_reason", reason)), c[key])
     f.histogram(f"{prefix}e2e_request_latency_seconds",
@@ -145,6 +157,7 @@ def serve(views: Sequence[EngineView], model_name: str) -> list[Family]:
         ("trtllm_num_paused_requests", "Number of paused requests.", g["paused"]),
         ("trtllm_max_num_active_requests", "Maximum number of active requests.",
          g["max_num_seqs"]),
+        ("trtllm_iteration_latency_seconds", "Iteration latency in seconds.", g["itl"]),
     )
     for name, help_, value in gauges:
         f.gauge(name, help_, lb, value)

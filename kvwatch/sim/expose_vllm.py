@@ -179,3 +179,8 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
 
 for _dialect in VARIANTS:
     register(_dialect)(partial(_render, _dialect))
+
+
+def render_0_33(views: Sequence[EngineView], model_name: str) -> list[Family]:
+    """The native V1 0.33 families (the Ray wrapper re-exports these)."""
+    return _render(Dialect.VLLM_0_33, views, model_name)

@@ -64,17 +64,52 @@ _SERVE = {
     "queue_time": ("trtllm_request_queue_time_seconds",),
     "capacity": ("trtllm_kv_cache_max_blocks", "trtllm_kv_cache_tokens_per_block"),
 }
+_LMDEPLOY = {
+    "waiting": ("lmdeploy:num_requests_waiting",), "preemptions": (),
+    "running": ("lmdeploy:num_requests_running",),
+    "token_counters": ("lmdeploy:generation_tokens_total", "lmdeploy:prompt_tokens_total"),
+    "ttft": ("lmdeploy:time_to_first_token_seconds",), "request_counters": ("lmdeploy:request_success_total",),
+    "queue_time": ("lmdeploy:request_queue_time_seconds",), "capacity": (),
+}
+_TGI = {
+    "waiting": ("tgi_queue_size",), "preemptions": (), "running": ("tgi_batch_current_size",),
+    "token_counters": ("tgi_request_generated_tokens", "tgi_request_input_length"), "ttft": (),
+    "request_counters": ("tgi_request_count", "tgi_request_success", "tgi_request_failure"),
+    "queue_time": ("tgi_request_queue_duration",), "capacity": ("tgi_batch_max_total_tokens",),
+}
+_DYNAMO_FRONTEND = {
+    "waiting": ("dynamo_frontend_queued_requests",), "preemptions": (),
+    "running": ("dynamo_frontend_inflight_requests",),
+    "token_counters": ("dynamo_frontend_output_tokens_total", "dynamo_frontend_input_sequence_tokens"),
+    "ttft": ("dynamo_frontend_time_to_first_token_seconds",), "request_counters": ("dynamo_frontend_requests_total",),
+    "queue_time": (), "capacity": ("dynamo_frontend_model_total_kv_blocks",),
+}
+_DYNAMO_WORKER = {
+    "waiting": (), "preemptions": (), "running": ("dynamo_component_inflight_requests",), "token_counters": (),
+    "ttft": (), "request_counters": ("dynamo_component_requests_total", "dynamo_component_errors_total"),
+    "queue_time": (), "capacity": (),
+}
 OPTIONAL_SIGNALS: tuple[str, ...] = tuple(_VLLM)
 
 
 def optional_families(dialect: Dialect) -> dict[str, tuple[str, ...]]:
     """Optional signal -> the series that carry it in ``dialect``."""
+    if dialect is Dialect.VLLM_RAY:  # Ray Serve: ray_ + the name sanitised for OpenTelemetry
+        return {k: tuple("ray_" + n.replace(":", "_") for n in v) for k, v in _VLLM.items()}
     if dialect.engine == "vllm":
         return _VLLM
-    if dialect is Dialect.SGLANG_UNDERSCORE:
-        return _sglang("sglang_")
+    if dialect is Dialect.SGLANG_RAY:
+        return _sglang("ray_sglang_")
     if dialect.engine == "sglang":
         return _sglang("sglang:")
+    if dialect is Dialect.LMDEPLOY:
+        return _LMDEPLOY
+    if dialect is Dialect.TGI:
+        return _TGI
+    if dialect is Dialect.DYNAMO_FRONTEND:
+        return _DYNAMO_FRONTEND
+    if dialect is Dialect.DYNAMO_WORKER:
+        return _DYNAMO_WORKER
     return _TRITON if dialect is Dialect.TRTLLM_TRITON else _SERVE
 
 
@@ -84,6 +119,11 @@ _NOT_EXPORTED: dict[Dialect, frozenset[str]] = {
     Dialect.SGLANG_0_4_0: frozenset({"preemptions", "request_counters", "queue_time", "capacity"}),
     Dialect.TRTLLM_SERVE_GEN_A: frozenset({"kv_usage", "waiting", "preemptions", "running", "token_counters",
                                            "capacity"}),
+    Dialect.LMDEPLOY: frozenset({"preemptions", "capacity"}),  # neither is exported (loggers.py)
+    Dialect.TGI: frozenset({"preemptions", "ttft"}),  # no preemption count, no TTFT histogram
+    Dialect.DYNAMO_FRONTEND: frozenset({"preemptions", "queue_time"}),
+    Dialect.DYNAMO_WORKER: frozenset({"waiting", "preemptions", "token_counters", "ttft", "queue_time",
+                                      "capacity"}),
 }
 
 

@@ -34,14 +34,19 @@ class Dialect(StrEnum):
     VLLM_V0_0_6 = "vllm-v0-0.6"
     SGLANG_0_5 = "sglang-0.5"
     SGLANG_0_4_0 = "sglang-0.4.0"
-    SGLANG_UNDERSCORE = "sglang-underscore"
+    SGLANG_RAY = "sglang-ray"
+    VLLM_RAY = "vllm-ray"
+    LMDEPLOY = "lmdeploy"
+    TGI = "tgi"
+    DYNAMO_FRONTEND = "dynamo-frontend"
+    DYNAMO_WORKER = "dynamo-worker"
     TRTLLM_TRITON = "trtllm-triton"
     TRTLLM_SERVE = "trtllm-serve"
     TRTLLM_SERVE_GEN_A = "trtllm-serve-genA"
 
     @property
     def engine(self) -> str:
-        """Engine family: ``vllm``, ``sglang`` or ``trtllm``."""
+        """Engine family: ``vllm``, ``sglang``, ``trtllm``, ``lmdeploy``, ``tgi`` or ``dynamo``."""
         return self.value.split("-", 1)[0]
 
 

@@ -8,6 +8,8 @@ state by failure-mode precedence.
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvwatch.core.diagnose.conditions import RuleEval
 from kvwatch.core.diagnose.context import TemplateContext
 from kvwatch.core.diagnose.facts import facts_for
@@ -18,6 +20,7 @@ from kvwatch.core.diagnose.verdicts import (
     mode_verdicts,
 )
 from kvwatch.core.diagnose.view import TargetView
+from kvwatch.core.dialects import DIALECT_BY_ID, kv_proxy
 from kvwatch.core.models import Diagnosis, FailureMode, RuleCheck, Severity, TargetResult, Verdict
 from kvwatch.core.rules import DERIVED_INPUTS, RuleSet
 from kvwatch.core.signals import REQUIRED_SIGNALS, Signal
@@ -133,7 +136,8 @@ def diagnose_target(
         return blind(reason, ("kv_usage",))
     for sig in REQUIRED_SIGNALS:
         if sig not in sourced:
-            return blind(f"{sig.value} is not exported", (sig.value,))
+            dialect = DIALECT_BY_ID.get(view.target.dialect)
+            return blind((dialect.blind_reason if dialect else "") or f"{sig.value} is not exported", (sig.value,))
     if not view.stat(Signal.KV_USAGE.value, p.fresh_s, "count"):
         return blind("no kv_usage samples in the last 5 minutes (stale or gone target)", ("kv_usage",))
     coverage = view.stat(Signal.KV_USAGE.value, p.window_s, "coverage") or 0.0
@@ -187,6 +191,9 @@ def diagnose_target(
         found.insert(0, _undecided(view, decision, structural))
     elif decision.state is FailureMode.HEALTHY:
         found.append(_healthy(view))
+    proxy = kv_proxy(view.target.dialect)
+    if proxy:  # every reader of the verdict (console, JSON, Slack, Alertmanager) sees it
+        found = [dataclasses.replace(d, summary=f"{d.summary} [KV usage is a proxy: {proxy}]") for d in found]
     blind_rules = [f"rule {c.rule_id} undecidable ({', '.join(c.unknown)})" for c in checks
                    if c.verdict is Verdict.UNDECIDABLE and not any(n.startswith(f"rule {c.rule_id} ") for n in not_yet)]
     blind_rules += not_yet

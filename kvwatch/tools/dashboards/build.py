@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from kvwatch.tools.dashboards import fleet, instance, selfmon
+from kvwatch.tools.dashboards import enginedoc, fleet, instance, selfmon
 from kvwatch.tools.dashboards.grafana import Dashboard
 from kvwatch.tools.dashboards.recording import HEADER, recording_rule_file
 
@@ -35,17 +35,24 @@ def rules_yaml(data: dict[str, Any]) -> str:
     return HEADER + yaml.safe_dump(data, sort_keys=False, width=10**6, allow_unicode=True)
 
 
-def render_all() -> dict[str, str]:
-    """Every generated file's repository-relative path → its exact text."""
+def render_all(root: Path | None = None) -> dict[str, str]:
+    """Every generated file's repository-relative path → its exact text.
+
+    docs/engines.md is only partly generated: its dialect table is spliced into the
+    file found under ``root`` (the prose around it is kept).
+    """
     out = {path: dashboard_json(build().render()) for path, build in DASHBOARDS.items()}
     out[RECORDING_RULES] = rules_yaml(recording_rule_file())
+    if root is not None:
+        doc = root / enginedoc.DOC
+        out[enginedoc.DOC] = enginedoc.splice(doc.read_text(encoding="utf-8") if doc.exists() else "# Engines\n")
     return out
 
 
 def write_all(root: Path) -> list[Path]:
     """(Re)write the generated files under ``root``; returns the files whose content changed."""
     changed: list[Path] = []
-    for rel, text in render_all().items():
+    for rel, text in render_all(root).items():
         path = root / rel
         if path.exists() and path.read_text(encoding="utf-8") == text:
             continue
@@ -58,7 +65,7 @@ def write_all(root: Path) -> list[Path]:
 def stale_files(root: Path) -> list[str]:
     """Generated files under ``root`` that differ from what the code renders now."""
     out = []
-    for rel, text in render_all().items():
+    for rel, text in render_all(root).items():
         path = root / rel
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             out.append(rel)

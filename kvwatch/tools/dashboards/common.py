@@ -11,8 +11,12 @@ from kvwatch.core.signals import Signal
 from kvwatch.tools.dashboards.grafana import Panel, PanelType, Target, Variable
 from kvwatch.tools.dashboards.queries import (
     bucket_increase_exprs,
+    external_hit_ratio_expr,
+    extra_expr,
+    lmcache_hit_ratio_expr,
     prefix_hit_ratio_expr,
     prefix_saved_tokens_expr,
+    proxied,
     signal_expr,
 )
 from kvwatch.tools.dashboards.recording import INFO_RECORD
@@ -71,8 +75,12 @@ def kv_usage_panel(width: int = 12) -> Panel:
         "High usage alone is not a problem: 60-85 % with no queue, no preemptions and a flat tail is an "
         "efficiently used pool. Read it with the waiting-requests and preemption panels: pinned near 100 % "
         "WITH a queue or preemptions is 'full'; large repeated swings are 'oscillating'; low usage while "
-        "requests wait is 'fragmented' or batch-limited. Prefix-cache blocks that no request uses count as free.",
-        (Target(signal_expr(Signal.KV_USAGE)),),
+        "requests wait is 'fragmented' or batch-limited. Prefix-cache blocks that no request uses count as free. "
+        "Series marked 'proxy' are not KV measurements (TGI: the batch token budget in use).",
+        (
+            Target(signal_expr(Signal.KV_USAGE, dialects=proxied(Signal.KV_USAGE, False))),
+            Target(signal_expr(Signal.KV_USAGE, dialects=proxied(Signal.KV_USAGE)), "{{instance}} (proxy)"),
+        ),
         unit="percentunit",
         min=0,
         max=1,
@@ -231,6 +239,26 @@ def prefix_panels(width: int = 12) -> tuple[Panel, Panel]:
             min=0,
             width=width,
         ),
+    )
+
+
+def offload_panel(width: int = 12) -> Panel:
+    return Panel(
+        "KV offload tier",
+        TS,
+        "Beyond GPU memory: usage of the CPU offload tier (vLLM kv_offload_cpu_cache_usage_perc) and the hit "
+        "ratio of an external KV cache reached through a connector (vLLM external_prefix_cache_*, e.g. "
+        "LMCache or NIXL). A full offload tier with a falling external hit ratio means reuse is being "
+        "evicted there too. Empty when no connector is configured.",
+        (
+            Target(extra_expr(Extra.OFFLOAD_USAGE), "{{instance}} CPU tier used"),
+            Target(external_hit_ratio_expr(), "{{instance}} external hit ratio"),
+            Target(lmcache_hit_ratio_expr(), "{{instance}} LMCache hit ratio"),
+        ),
+        unit="percentunit",
+        min=0,
+        max=1,
+        width=width,
     )
 
 

@@ -7,7 +7,13 @@ from kvwatch.core.extras import Extra
 from kvwatch.core.signals import Signal
 from kvwatch.tools.dashboards import common as c
 from kvwatch.tools.dashboards.grafana import Dashboard, Panel, PanelType, Target, row
-from kvwatch.tools.dashboards.queries import PANEL_MATCHERS, extra_expr, signal_expr
+from kvwatch.tools.dashboards.queries import (
+    PANEL_MATCHERS,
+    POOL_KV,
+    POOL_QUEUE,
+    extra_expr,
+    signal_expr,
+)
 from kvwatch.tools.dashboards.recording import INFO_RECORD
 
 _MODEL_INFO = f'max by (job, instance, model) ({INFO_RECORD}{{job=~"$job", instance=~"$instance"}})'
@@ -60,6 +66,21 @@ def kv_panels() -> tuple[Panel, ...]:
     cap = signal_expr(Signal.KV_CAPACITY_TOKENS)
     return (
         c.kv_usage_panel(),
+        Panel(
+            "Pool average from the inference gateway (cross-check)",
+            PanelType.TIMESERIES,
+            "Where an llm-d / Gateway API inference extension EPP routes the traffic, its pool-level averages "
+            "(inference_pool_average_kv_cache_utilization, _queue_size) next to kvwatch's per-model mean: the "
+            "gateway averages the same replicas, so a large gap means the EPP scrapes other pods than Prometheus "
+            "(e.g. llm-d-inference-sim pods, which export vLLM names with simulated values). An average never "
+            "shows the one pinned replica: read the replica-imbalance panel for that.",
+            (
+                Target(f"max by (name) ({POOL_KV})", "pool {{name}} KV (gateway)"),
+                Target(f"max by (name) ({POOL_QUEUE})", "pool {{name}} queue (gateway)"),
+                Target(_by_model(kv, "avg"), "{{model}} mean KV (kvwatch)"),
+            ),
+            min=0,
+        ),
         Panel(
             "KV usage per model: max and mean",
             PanelType.TIMESERIES,
@@ -144,6 +165,7 @@ def build() -> Dashboard:
         c.requests_panel(),
         row("Prefix reuse and traffic shape"),
         *c.prefix_panels(),
+        c.offload_panel(),
         c.length_heatmap(Extra.PROMPT_LENGTH, "Prompt length distribution (tokens)"),
         c.length_heatmap(Extra.OUTPUT_LENGTH, "Output length distribution (tokens)"),
     )

@@ -63,7 +63,20 @@ def dialect_expr(
 ) -> str:
     """One dialect's expression for ``signal`` (its sources in preference order, ``or``-ed)."""
     srcs = numeric_sources(dialect, signal)
-    return join_or(with_quantile(s, quantile).promql(matchers, rate_window) for s in srcs)
+    return deferred(dialect, join_or(with_quantile(s, quantile).promql(matchers, rate_window) for s in srcs), matchers)
+
+
+def deferred(dialect: Dialect, expr: str, matchers: str = "") -> str:
+    """``expr`` without the targets that also speak an engine ``dialect`` defers to.
+
+    A Dynamo worker that re-exports vLLM's metrics is a vLLM target: its Dynamo
+    series must not add a second copy of it to dashboards and recording rules.
+    """
+    if not expr or not dialect.defer_to:
+        return expr
+    natives = [sel for d in DIALECTS if d.engine in dialect.defer_to for sel in identity_selectors(d, matchers)]
+    guard = " or ".join(f"group by ({BY}) ({sel})" for sel in dict.fromkeys(natives))
+    return f"({expr}) unless on ({BY}) ({guard})"
 
 
 def signal_expr(
@@ -78,6 +91,11 @@ def signal_expr(
     ``quantile`` re-targets histogram-quantile sources (e.g. p95 from the p99 source).
     """
     return join_or(dialect_expr(d, signal, matchers, rate_window, quantile) for d in dialects)
+
+
+def proxied(signal: Signal, proxy: bool = True) -> tuple[Dialect, ...]:
+    """Dialects whose ``signal`` is (``proxy``) or is not an approximation of it (e.g. TGI's KV usage)."""
+    return tuple(d for d in DIALECTS if d.sources.get(signal) and any(s.proxy for s in d.sources[signal]) == proxy)
 
 
 def engines() -> tuple[str, ...]:
@@ -109,6 +127,8 @@ def identity_selectors(dialect: Dialect, matchers: str = "") -> tuple[str, ...]:
                 need = f'{dialect.required_label}!=""'
                 if dialect.required_label and need not in extra:
                     extra = ", ".join(p for p in (extra, need) if p)
+                if dialect.model_pattern:  # Triton core metrics: only the LLM model is the target
+                    extra = ", ".join(p for p in (extra, f'model=~"{dialect.model_pattern}"') if p)
                 out.append(selector(req, extra, matchers))
             return tuple(dict.fromkeys(out))
     raise ValueError(f"dialect {dialect.id} has none of {_IDENTITY_SIGNALS}")
@@ -124,14 +144,15 @@ def info_expr(engine: str, matchers: str = "") -> str:
     for d in dialects_of(engine):
         for sel in identity_selectors(d, matchers):
             relabelled = f'label_replace({sel}, "model", "$1", "model_name", "(.+)")'
-            parts.append(f"group by ({BY}, namespace, model) ({relabelled})")
+            parts.append(deferred(d, f"group by ({BY}, namespace, model) ({relabelled})", matchers))
     return join_or(parts)
 
 
 def extra_expr(extra: Extra, matchers: str = PANEL_MATCHERS, rate_window: str = PANEL_RATE) -> str:
     """Per-target expression of a dashboard-only family over every dialect that has it."""
     return join_or(
-        join_or(s.promql(matchers, rate_window) for s in extra_sources(d, extra)) for d in dialects_with(extra)
+        deferred(d, join_or(s.promql(matchers, rate_window) for s in extra_sources(d, extra)), matchers)
+        for d in dialects_with(extra)
     )
 
 
@@ -149,6 +170,32 @@ def prefix_hit_ratio_expr(
         asked = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, Extra.PREFIX_QUERY_TOKENS))
         parts.append(f"({hits}) / ({asked})")
     return join_or(parts)
+
+
+def external_hit_ratio_expr(matchers: str = PANEL_MATCHERS, rate_window: str = PANEL_RATE) -> str:
+    """Windowed hit ratio (0-1) of the external KV tier (a KV connector such as LMCache) per target."""
+    parts = []
+    for d in dialects_with(Extra.EXTERNAL_HIT_TOKENS):
+        hits = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, Extra.EXTERNAL_HIT_TOKENS))
+        asked = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, Extra.EXTERNAL_QUERY_TOKENS))
+        parts.append(f"({hits}) / ({asked})")
+    return join_or(parts)
+
+
+def lmcache_hit_ratio_expr(matchers: str = PANEL_MATCHERS, rate_window: str = PANEL_RATE) -> str:
+    """Windowed share (0-1) of the tokens asked of LMCache that it served, per target."""
+    parts = []
+    for d in dialects_with(Extra.LMCACHE_HIT_TOKENS):
+        hits = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, Extra.LMCACHE_HIT_TOKENS))
+        asked = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, Extra.LMCACHE_REQUESTED_TOKENS))
+        parts.append(f"({hits}) / ({asked})")
+    return join_or(parts)
+
+
+#: Gateway API inference extension (llm-d / GKE Inference Gateway) pool gauges, exported by the EPP
+#: (kubernetes-sigs/gateway-api-inference-extension): labels ``name`` (the InferencePool).
+POOL_KV = "inference_pool_average_kv_cache_utilization"
+POOL_QUEUE = "inference_pool_average_queue_size"
 
 
 def prefix_saved_tokens_expr(matchers: str = PANEL_MATCHERS, rate_window: str = PANEL_RATE) -> str:

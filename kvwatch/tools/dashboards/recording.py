@@ -40,6 +40,7 @@ RECORDS: dict[Signal, str] = {
     Signal.QUEUE_P99: f"instance:kvwatch_queue_seconds:p99_{_W}",
     Signal.QUEUE_MEAN: f"instance:kvwatch_queue_seconds:mean_{_W}",
     Signal.ITL_P99: f"instance:kvwatch_itl_seconds:p99_{_W}",
+    Signal.TPOT_P99: f"instance:kvwatch_tpot_seconds:p99_{_W}",
     Signal.GEN_TPS: f"instance:kvwatch_generation_tokens:{_W}",
     Signal.PROMPT_TPS: f"instance:kvwatch_prompt_tokens:{_W}",
     Signal.REQUEST_RATE: f"instance:kvwatch_requests:{_W}",
@@ -60,18 +61,25 @@ HEADER = (
 )
 
 
-def _rule(record: str, expr: str, engine: str) -> dict[str, Any]:
-    return {"record": record, "expr": expr, "labels": {"engine": engine}}
+def _rule(record: str, expr: str, engine: str, proxy: str = "") -> dict[str, Any]:
+    labels = {"engine": engine, **({"proxy": "true"} if proxy else {})}
+    return {"record": record, "expr": expr, "labels": labels}
 
 
 def signal_rules() -> list[dict[str, Any]]:
-    """One rule per (signal, engine) that exports the signal, in Signal then engine order."""
+    """One rule per (signal, engine) that exports the signal, in Signal then engine order.
+
+    A signal an engine only approximates (TGI's KV usage) carries a ``proxy`` label
+    saying what it really measures.
+    """
     out: list[dict[str, Any]] = []
     for sig in Signal:
         for eng in engines():
-            expr = join_or(dialect_expr(d, sig, "", RULE_RATE) for d in dialects_of(eng))
+            ds = dialects_of(eng)
+            expr = join_or(dialect_expr(d, sig, "", RULE_RATE) for d in ds)
+            proxy = next((s.proxy for d in ds for s in d.sources.get(sig, ()) if s.proxy), "")
             if expr:
-                out.append(_rule(RECORDS[sig], expr, eng))
+                out.append(_rule(RECORDS[sig], expr, eng, proxy))
     for eng in engines():
         ds = [d for d in dialects_with(Extra.PREFIX_HIT_TOKENS) if d.engine == eng]
         if ds:
