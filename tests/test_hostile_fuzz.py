@@ -16,7 +16,6 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kvwatch.ruleset import default_rules_dir
 
 from kvwatch.cli import main
 from kvwatch.config import Settings
