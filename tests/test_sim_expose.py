@@ -205,8 +205,8 @@ def test_sglang_trtllm_label_shapes() -> None:
     # as SGLang 0.5.23's own collector labels them (tests/fixtures/conformance)
     assert usage[0][0] == {"model_name": usage[0][0]["model_name"], "engine_type": "unified",
                            "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
-    old = samples(scrape(Dialect.SGLANG_UNDERSCORE)[0])
-    usage_old = [v for n, _, v in old if n == "sglang_token_usage"]
+    old = samples(scrape(Dialect.SGLANG_0_4_0)[0])
+    usage_old = [v for n, _, v in old if n == "sglang:token_usage"]
     assert round(usage_old[0], 2) == usage_old[0]  # the 0.4 scheduler rounds to 2 decimals
     triton = samples(scrape(Dialect.TRTLLM_TRITON)[0])
     assert all(lb["version"] == "1" for _, lb, _ in triton)

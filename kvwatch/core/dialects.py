@@ -343,7 +343,9 @@ def _sglang(p: str) -> dict[Signal, tuple[Source, ...]]:
             Signal.RUNNING: Source(G, f"{p}num_running_reqs", pr, agg="sum", dedup_by=dp),
             Signal.WAITING: Source(G, f"{p}num_queue_reqs", pr, agg="sum", dedup_by=dp),
             Signal.PREEMPTIONS: (
+                # >= 0.5.10, created at the first retraction: anchored on a gauge of the same releases
                 Source(C, f"{p}num_retracted_requests_total", agg="sum", dedup_by=dp,
+                       lazy_anchor=f"{p}max_total_num_tokens",
                        note="retractions (KV full, request requeued) per second (>= 0.5.10)"),
                 Source(C, f"{p}total_retracted_reqs", agg="sum", dedup_by=dp,
                        note="cumulative total stored in a gauge (0.4.10-0.5.x): read through rate()"),
