@@ -47,8 +47,11 @@ def am_cluster(hook: str, work: Path) -> Iterator[list[str]]:
         "route:\n  receiver: rec\n  group_by: ['alertname', 'instance']\n  group_wait: 1s\n"
         "  group_interval: 30s\n  repeat_interval: 1h\n"
         f"receivers:\n  - name: rec\n    webhook_configs:\n      - url: {hook}\n        send_resolved: true\n")
-    web = [free_port(), free_port()]
-    gossip = [free_port(), free_port()]
+    ports: list[int] = []
+    while len(ports) < 4:  # four distinct ports: a released port can be handed out again at once
+        if (p := free_port()) not in ports:
+            ports.append(p)
+    web, gossip = ports[:2], ports[2:]
     with ExitStack() as stack:
         urls = []
         for i in (0, 1):
