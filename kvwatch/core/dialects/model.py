@@ -1,0 +1,208 @@
+"""The dialect model: sources (how PromQL yields one signal), dialects, and rendering.
+
+Every query aggregates ``by (job, instance)``: one series per target, whatever
+the data-parallel (``engine``, ``dp_rank``) or process (``pid``) labels are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kvwatch.core.signals import Signal
+
+#: The labels that identify a target. Every query groups by exactly these.
+TARGET_LABELS: tuple[str, ...] = ("job", "instance")
+BY = ", ".join(TARGET_LABELS)
+
+
+def selector(metric: str, *matchers: str) -> str:
+    """``metric{m1, m2}`` from non-empty matcher strings (each without braces)."""
+    parts = [m for m in matchers if m]
+    return f"{metric}{{{', '.join(parts)}}}"
+
+
+class SourceKind(StrEnum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    HIST_QUANTILE = "histogram_quantile"
+    HIST_MEAN = "histogram_mean"
+    EXPR = "expr"
+    VLLM_CACHE_INFO = "vllm_cache_info"
+
+
+#: Labels that identify one Triton model's series; core metrics are matched on them.
+TRITON_MODEL_LABELS = ("model", "version")
+#: The series that mark a Triton model as the TensorRT-LLM one (only that backend exports it).
+TRITON_LLM_MARKER = "nv_trt_llm_request_metrics"
+
+
+@dataclass(frozen=True)
+class Render:
+    """What a source needs besides its own fields to render PromQL.
+
+    ``user`` are the user's matchers (without braces), ``rw`` the window,
+    ``triton_model`` a regex of the Triton model name(s) holding the LLM (empty:
+    the models that export ``nv_trt_llm_*``, found by a join).
+    """
+
+    user: str
+    rw: str
+    triton_model: str = ""
+
+    def sel(self, metric: str, extra: str = "") -> str:
+        return selector(metric, extra, self.user)
+
+    def llm(self, vector: str, scoped: bool = True) -> str:
+        """``vector`` restricted to the Triton LLM model (identity when ``scoped`` is false).
+
+        With an explicit ``triton_model`` the selectors already carry the model
+        matcher; otherwise keep only series of a (model, version) that also exports
+        the TensorRT-LLM backend's own metrics, so ensemble/pre/post-processing
+        models never mix into sums, maxima or ratios.
+        """
+        if not scoped or self.triton_model:
+            return vector
+        on = ", ".join((*TARGET_LABELS, *TRITON_MODEL_LABELS))
+        return f"({vector} and on ({on}) group by ({on}) ({self.sel(TRITON_LLM_MARKER)}))"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One way to compute a signal from an engine's metrics.
+
+    ``metric`` is the scraped family name (histograms: without ``_bucket``);
+    ``matchers`` are extra label matchers (without braces); ``agg`` is the
+    cross-series aggregation (``max`` for ratios and per-model duplicates,
+    ``sum`` for counts over data-parallel engines); ``dedup_by`` first collapses
+    duplicate series with ``max`` keeping those labels (SGLang exports the same
+    scheduler state once per tensor-parallel rank: ``max by (dp_rank)`` then
+    ``sum``); ``scale`` converts units (e.g. ms → s). ``EXPR`` sources build their
+    PromQL with ``expr(r)`` from a :class:`Render`.
+
+    ``lazy_anchor``: the engine creates this counter's series only at its first
+    event; the source then requires the always-present ``lazy_anchor`` metric
+    instead, and an absent counter reads 0 (so the source choice never flips
+    when the first event happens). ``triton_core``: a Triton core metric
+    (``nv_inference_*``) carried by every model of the server; it is restricted
+    to the LLM model. ``bucket_range``: the default lowest and highest finite
+    histogram bounds in the signal's unit (a quantile outside is interpolation
+    or saturation, not measurement). ``note``: meaning and caveats (docs/engines.md).
+    ``proxy``: non-empty when the source only approximates the signal (what it really
+    measures); everything that shows the value says so.
+    """
+
+    kind: SourceKind
+    metric: str
+    matchers: str = ""
+    agg: str = "max"
+    quantile: float = 0.0
+    scale: float = 1.0
+    expr: Callable[[Render], str] | None = None
+    extra_requires: tuple[str, ...] = ()
+    dedup_by: tuple[str, ...] = ()
+    lazy_anchor: str = ""
+    triton_core: bool = False
+    bucket_range: tuple[float, float] | None = None
+    note: str = ""
+    proxy: str = ""
+    #: for a fallback: how it yields the signal in the signal's one unit (e.g. tokens/s from
+    #: decode requests per iteration x iterations per second); shown by explain/check
+    estimate: str = ""
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        """Metric names that must be present on a target for this source to apply."""
+        base = self.lazy_anchor or self.metric
+        if not self.lazy_anchor and self.kind in (SourceKind.HIST_QUANTILE, SourceKind.HIST_MEAN):
+            base = f"{self.metric}_count"
+        return (base, *self.extra_requires)
+
+    @property
+    def family_names(self) -> tuple[str, ...]:
+        """Every engine family this source reads (histograms by family name)."""
+        return tuple(dict.fromkeys((self.metric, *([self.lazy_anchor] if self.lazy_anchor else []),
+                                    *self.extra_requires)))
+
+    def _sel(self, suffix: str, r: Render) -> str:
+        extra = self.matchers
+        if self.triton_core and r.triton_model:
+            extra = ", ".join(m for m in (extra, f'model=~"{r.triton_model}"') if m)
+        return selector(f"{self.metric}{suffix}", extra, r.user)
+
+    def _aggregate(self, inner: str) -> str:
+        if self.dedup_by:
+            inner = f"max by ({BY}, {', '.join(self.dedup_by)}) ({inner})"
+        return f"{self.agg} by ({BY}) ({inner})"
+
+    def promql(
+        self, user_matchers: str, rate_window: str, latency_window: str | None = None, triton_model: str = ""
+    ) -> str:
+        """Render the PromQL that yields this signal for every target at once.
+
+        Histogram quantiles and means use ``latency_window`` when given (a stable tail
+        needs more requests than a short rate window holds), counters ``rate_window``.
+        ``triton_model``: regex of the Triton LLM model (empty: found by a join).
+        """
+        k = self.kind
+        if latency_window and k in (SourceKind.HIST_QUANTILE, SourceKind.HIST_MEAN):
+            rate_window = latency_window
+        r = Render(user_matchers, rate_window, triton_model)
+        scoped = self.triton_core
+        if k is SourceKind.GAUGE:
+            q = self._aggregate(r.llm(self._sel("", r), scoped))
+        elif k is SourceKind.COUNTER:
+            q = self._aggregate(r.llm(f"rate({self._sel('', r)}[{rate_window}])", scoped))
+        elif k is SourceKind.HIST_QUANTILE:
+            inner = r.llm(f"rate({self._sel('_bucket', r)}[{rate_window}])", scoped)
+            q = f"histogram_quantile({self.quantile}, sum by ({BY}, le) ({inner}))"
+        elif k is SourceKind.HIST_MEAN:
+            # numerator and denominator over the same series (same model, same filter)
+            num, den = (r.llm(f"rate({self._sel(sfx, r)}[{rate_window}])", scoped) for sfx in ("_sum", "_count"))
+            q = f"sum by ({BY}) ({num}) / sum by ({BY}) ({den})"
+        elif k is SourceKind.VLLM_CACHE_INFO:
+            # per engine: with data parallelism every engine core has its own pool
+            labels = "engine, num_gpu_blocks, block_size, kv_cache_size_tokens"
+            q = f"max by ({BY}, {labels}) ({self._sel('', r)})"
+        else:
+            assert self.expr is not None, f"EXPR source {self.metric} without expr"
+            q = self.expr(r)
+        if self.scale != 1.0 and k is not SourceKind.VLLM_CACHE_INFO:
+            q = f"({q}) * {self.scale!r}"
+        if self.lazy_anchor:
+            q = f"({q}) or (0 * group by ({BY}) ({selector(self.lazy_anchor, '', user_matchers)}))"
+        return q
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """A family of metric names: its id, engine, how to recognise it, and its sources.
+
+    ``model_pattern``: the dialect applies only when a discovered ``model`` label
+    fully matches this regex (Triton core metrics alone say nothing about the
+    backend). ``blind_reason``: why a recognised target of this dialect cannot be
+    diagnosed (shown instead of "kv_usage is not exported"). ``versions`` and
+    ``upstream`` (file@commit or release) feed docs/engines.md. ``defer_to``: engines
+    whose own metrics win when a target exports both (a Dynamo worker re-exporting
+    vLLM's metrics is a vLLM target, counted once).
+    """
+
+    id: str
+    engine: str
+    markers: tuple[str, ...]
+    sources: dict[Signal, tuple[Source, ...]] = field(default_factory=dict)
+    required_label: str = ""
+    model_pattern: str = ""
+    blind_reason: str = ""
+    versions: str = ""
+    upstream: str = ""
+    defer_to: tuple[str, ...] = ()
+
+    def names(self) -> set[str]:
+        out = set(self.markers)
+        for srcs in self.sources.values():
+            for s in srcs:
+                out.update(s.requires)
+        return out
+

@@ -1,0 +1,163 @@
+"""The dialect table: every dialect in detection priority order, and lookups over it."""
+
+from __future__ import annotations
+
+from kvwatch.core.dialects.dynamo import dynamo_frontend_sources, dynamo_worker_sources
+from kvwatch.core.dialects.lmdeploy import lmdeploy_sources
+from kvwatch.core.dialects.model import Dialect
+from kvwatch.core.dialects.sglang import sglang_sources
+from kvwatch.core.dialects.tgi import tgi_sources
+from kvwatch.core.dialects.trtllm import (
+    TRITON_LLMAPI_BLIND,
+    TRITON_LLMAPI_SOURCES,
+    TRITON_MARKERS,
+    TRITON_SOURCES,
+    trtllm_serve_sources,
+)
+from kvwatch.core.dialects.vllm import VLLM_SOURCES, vllm_sources
+from kvwatch.core.signals import Signal
+
+_DYN_UP = "ai-dynamo/dynamo:lib/runtime/src/metrics/prometheus_names.rs@04070c75"
+_SGL_UP = "sgl-project/sglang:python/sglang/srt/observability/metrics_collector.py@016d8605"
+_VLLM_UP = "vllm-project/vllm:vllm/v1/metrics/loggers.py (wheels 0.7.3-0.33.0, shared/engine-metrics.md §1)"
+_RAY_UP = "vllm/v1/metrics/ray_wrappers.py, sglang:python/sglang/srt/observability/ray_wrappers.py@18cc7bf2"
+_TRITON_UP = ("NVIDIA/TensorRT-LLM:triton_backend/inflight_batcher_llm/src/custom_metrics_reporter/"
+              "custom_metrics_reporter.cc@89fd9b74; triton-inference-server/core:src/metric_model_reporter.{h,cc}@73aad7c3")
+_SERVE_UP = "NVIDIA/TensorRT-LLM:tensorrt_llm/metrics/collector.py (2026 main)"
+
+#: All dialects, in detection priority order (first match wins for a target).
+DIALECTS: tuple[Dialect, ...] = (
+    Dialect(
+        "vllm-v0",
+        "vllm",
+        ("vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc", "vllm:avg_generation_throughput_toks_per_s"),
+        VLLM_SOURCES,
+        versions="V0 <= 0.10.x",
+        upstream="vllm-project/vllm:vllm/engine/metrics.py (wheels 0.4.3-0.10.2)",
+    ),
+    Dialect(
+        "vllm-v1",
+        "vllm",
+        ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        VLLM_SOURCES,
+        versions="V1 0.7.3-0.33.0",
+        upstream=_VLLM_UP,
+    ),
+    Dialect(
+        "vllm-ray",
+        "vllm",
+        ("ray_vllm_num_requests_running", "ray_vllm_kv_cache_usage_perc", "ray_vllm_gpu_cache_usage_perc"),
+        vllm_sources("ray_vllm_"),
+        versions="vLLM V1 under Ray Serve LLM (RayPrometheusStatLogger), labels + ReplicaId, WorkerId",
+        upstream=_RAY_UP,
+    ),
+    Dialect(
+        "vllm-ray-colon",
+        "vllm",
+        ("ray_vllm:num_requests_running", "ray_vllm:kv_cache_usage_perc", "ray_vllm:gpu_cache_usage_perc"),
+        vllm_sources("ray_vllm:"),
+        versions="vLLM under older Ray (the name kept its colon)",
+        upstream="ray-project/ray:python/ray/dashboard/modules/metrics/dashboards/serve_llm_dashboard_panels.py",
+    ),
+    Dialect(
+        "sglang",
+        "sglang",
+        ("sglang:num_running_reqs", "sglang:token_usage"),
+        sglang_sources("sglang:"),
+        versions="0.3.6-0.5.23",
+        upstream=_SGL_UP,
+    ),
+    Dialect(
+        "sglang-ray",
+        "sglang",
+        ("ray_sglang_num_running_reqs", "ray_sglang_token_usage"),
+        sglang_sources("ray_sglang_"),
+        versions="SGLang under Ray Serve LLM (stat_loggers DI + Ray wrappers), labels + ReplicaId, WorkerId",
+        upstream=_RAY_UP,
+    ),
+    Dialect(
+        "lmdeploy",
+        "lmdeploy",
+        ("lmdeploy:gpu_cache_usage_perc", "lmdeploy:num_requests_running"),
+        lmdeploy_sources("lmdeploy:"),
+        versions="PyTorch and TurboMind engines with --enable-metrics",
+        upstream="InternLM/lmdeploy:lmdeploy/metrics/loggers.py@1263d5cd",
+    ),
+    Dialect(
+        "tgi",
+        "tgi",
+        ("tgi_queue_size", "tgi_batch_current_size"),
+        tgi_sources(),
+        versions="text-generation-inference router (v2/v3 backends)",
+        upstream=("huggingface/text-generation-inference:docs/source/reference/metrics.md@53fdbe61, "
+                  "backends/v3/src/lib.rs (tgi_batch_max_total_tokens)"),
+    ),
+    Dialect(
+        "dynamo-frontend",
+        "dynamo",
+        ("dynamo_frontend_inflight_requests", "dynamo_frontend_queued_requests"),
+        dynamo_frontend_sources(),
+        versions="NVIDIA Dynamo frontend (HTTP :8000/metrics)",
+        upstream=_DYN_UP,
+    ),
+    Dialect("trtllm-triton", "trtllm", TRITON_MARKERS, TRITON_SOURCES, versions="tensorrtllm_backend (C++), Triton >= 23.11",
+            upstream=_TRITON_UP),
+    Dialect(
+        "trtllm-triton-llmapi",
+        "trtllm",
+        ("nv_inference_request_success",),
+        TRITON_LLMAPI_SOURCES,
+        model_pattern="tensorrt_llm",
+        blind_reason=TRITON_LLMAPI_BLIND,
+        versions="Triton + TensorRT-LLM LLM-API (Python) backend",
+        upstream="triton-inference-server/core:src/metrics.cc@73aad7c3 (core metrics only)",
+    ),
+    Dialect(
+        "trtllm-serve",
+        "trtllm",
+        ("trtllm_kv_cache_utilization", "trtllm_num_requests_running", "trtllm_time_to_first_token_seconds_count"),
+        trtllm_serve_sources("trtllm_", ""),
+        versions="trtllm-serve /prometheus/metrics, trtllm_ prefix (generation B)",
+        upstream=_SERVE_UP,
+    ),
+    Dialect(
+        "trtllm-serve-legacy",
+        "trtllm",
+        ("time_to_first_token_seconds_count", "request_success_total"),
+        trtllm_serve_sources("", 'engine_type!=""'),
+        required_label="engine_type",
+        versions="trtllm-serve generation A (no prefix, 5 families)",
+        upstream="NVIDIA/TensorRT-LLM:tensorrt_llm/metrics/collector.py@89fd9b74",
+    ),
+)
+
+DIALECTS = (
+    *DIALECTS,
+    # last: a worker that also re-exports its engine's metrics is detected as that engine
+    Dialect(
+        "dynamo-worker",
+        "dynamo",
+        ("dynamo_component_kvstats_gpu_cache_usage_percent",),
+        dynamo_worker_sources(),
+        versions="NVIDIA Dynamo worker runtime metrics (system port, e.g. :8081/metrics)",
+        upstream=_DYN_UP,
+        defer_to=("vllm", "sglang", "trtllm", "lmdeploy"),
+    ),
+)
+
+DIALECT_BY_ID: dict[str, Dialect] = {d.id: d for d in DIALECTS}
+
+
+def all_names() -> list[str]:
+    """Every metric name any dialect needs, sorted: the discovery query asks for exactly these."""
+    out: set[str] = set()
+    for d in DIALECTS:
+        out |= d.names()
+    return sorted(out)
+
+
+def kv_proxy(dialect_id: str) -> str:
+    """What a dialect's KV usage really measures when it is only a proxy (else ``""``)."""
+    d = DIALECT_BY_ID.get(dialect_id)
+    srcs = d.sources.get(Signal.KV_USAGE, ()) if d else ()
+    return srcs[0].proxy if srcs and all(s.proxy for s in srcs) else ""

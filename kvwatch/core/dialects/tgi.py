@@ -1,0 +1,48 @@
+"""Hugging Face Text Generation Inference sources."""
+
+from __future__ import annotations
+
+from kvwatch.core.dialects.compose import HM, HQ, C, G, X, merge_sources
+from kvwatch.core.dialects.model import BY, Source
+from kvwatch.core.signals import Signal
+
+_TGI_KV_PROXY = "batch token budget in use (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens), not KV blocks"
+
+
+def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
+    """Text Generation Inference (Rust ``metrics`` crate; counters scraped with or without ``_total``).
+
+    No KV gauge, no TTFT histogram, no preemption count. KV usage is a proxy: the
+    largest token count the running batch may reach over the batch token budget
+    (which TGI sizes from free GPU memory at warm-up, i.e. the KV pool).
+    """
+    return merge_sources(
+        {
+            Signal.KV_USAGE: Source(
+                X, "tgi_batch_current_max_tokens",
+                expr=lambda r: (f"max by ({BY}) ({r.sel('tgi_batch_current_max_tokens')}) / on ({BY}) "
+                                f"max by ({BY}) ({r.sel('tgi_batch_max_total_tokens')} > 0)"),
+                extra_requires=("tgi_batch_max_total_tokens",), proxy=_TGI_KV_PROXY,
+                note="PROXY: " + _TGI_KV_PROXY,
+            ),
+            Signal.RUNNING: Source(G, "tgi_batch_current_size", agg="sum"),
+            Signal.WAITING: Source(G, "tgi_queue_size", agg="sum"),
+            Signal.QUEUE_P99: Source(HQ, "tgi_request_queue_duration", quantile=0.99),
+            Signal.QUEUE_MEAN: Source(HM, "tgi_request_queue_duration"),
+            Signal.TPOT_P99: Source(HQ, "tgi_request_mean_time_per_token_duration", quantile=0.99,
+                                    note="mean time per token of each request (TPOT)"),
+            Signal.GEN_TPS: Source(C, "tgi_request_generated_tokens_sum", agg="sum",
+                                   note="from the per-request histogram: counted at request end"),
+            Signal.PROMPT_TPS: Source(C, "tgi_request_input_length_sum", agg="sum"),
+            Signal.REQUEST_RATE: tuple(Source(C, f"tgi_request_count{c}", agg="sum", note="requests received")
+                                       for c in ("", "_total")),
+            # created at the first failure; the request counter's spelling says which name it will have
+            Signal.ABORT_RATE: tuple(
+                Source(C, f"tgi_request_failure{c}", agg="sum", lazy_anchor=f"tgi_request_count{c}",
+                       note="failures by err (validation, overloaded, ...)")
+                for c in ("", "_total")
+            ),
+            Signal.KV_CAPACITY_TOKENS: Source(G, "tgi_batch_max_total_tokens",
+                                              note="batch token budget set at warm-up from free memory"),
+        },
+    )
