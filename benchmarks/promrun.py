@@ -20,7 +20,7 @@ from pathlib import Path
 from synth import shards, write_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from support.prom import free_port, server_process
+from support.prom import on_free_ports, server_process
 
 SHARD_TARGETS = 250
 
@@ -55,13 +55,18 @@ def run_prometheus(tsdb: Path, extra_args: tuple[str, ...] = ()) -> Iterator[tup
     work = Path(tempfile.mkdtemp(prefix="kvwatch-bench-"))
     cfg = work / "prometheus.yml"
     cfg.write_text("global:\n  scrape_interval: 15s\n")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tsdb}",
-            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100y", *extra_args]
-    try:
+
+    @contextmanager
+    def start(ports: list[int]) -> Iterator[tuple[str, int]]:
+        url = f"http://127.0.0.1:{ports[0]}"
+        args = ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tsdb}",
+                f"--web.listen-address=127.0.0.1:{ports[0]}", "--storage.tsdb.retention.time=100y", *extra_args]
         with server_process(args, f"{url}/-/ready", work / "prometheus.log", timeout=120, stop_timeout=20) as proc:
             yield url, proc.pid
+
+    try:
+        with on_free_ports(start) as (url, pid):
+            yield url, pid
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

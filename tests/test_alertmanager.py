@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import requests
-from support.prom import free_port, require_binary, server_process
+from support.prom import free_port, on_free_ports, require_binary, server_process
 from test_lifecycle import FULL_KEY, diag, lc, result
 
 from kvwatch.alerting.sinks.alertmanager import AlertmanagerSink
@@ -56,12 +56,17 @@ def alertmanager(hook: str) -> Iterator[str]:
         "  group_interval: 1s\n  repeat_interval: 1h\n"
         f"receivers:\n  - name: rec\n    webhook_configs:\n      - url: {hook}\n        send_resolved: true\n"
     )
-    port = free_port()
-    args = [binary, f"--config.file={work / 'am.yml'}", f"--storage.path={work / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="]
-    url = f"http://127.0.0.1:{port}"
-    try:
+
+    @contextmanager
+    def start(ports: list[int]) -> Iterator[str]:
+        args = [binary, f"--config.file={work / 'am.yml'}", f"--storage.path={work / 'data'}",
+                f"--web.listen-address=127.0.0.1:{ports[0]}", "--cluster.listen-address="]
+        url = f"http://127.0.0.1:{ports[0]}"
         with server_process(args, f"{url}/-/ready", work / "am.log", timeout=30):
+            yield url
+
+    try:
+        with on_free_ports(start) as url:
             yield url
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import requests
 from support.fake_slack import FakeSlack, fake_slack
-from support.prom import prometheus, require_binary
+from support.prom import kvwatch_port, prometheus, require_binary
 from test_service_e2e import TOKEN, clean_env, spawn
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -264,7 +264,6 @@ def test_shipped_scrape_configs_keep_engine_labels_for_the_dashboards(live: Live
     per-target series must keep the engine's job/instance (honor_labels) or every dashboard filter
     on an engine misses. Scrape a running kvwatch with the shipped job, then run the panels."""
     import yaml
-    from support.prom import free_port
 
     root = Path(__file__).resolve().parents[1]
     shipped = yaml.safe_load((root / "deploy" / "compose" / "prometheus.yml").read_text())
@@ -274,10 +273,9 @@ def test_shipped_scrape_configs_keep_engine_labels_for_the_dashboards(live: Live
     # the ServiceMonitor's endpoint becomes the same scrape job in the Operator's generated config
     assert monitors[0]["spec"]["endpoints"][0].get("honorLabels") is True
     target = live.targets["healthy-busy"][0]  # scraped in the rollout job since the rollout
-    port = free_port()
     with ExitStack() as stack:
-        run = live.kvwatch(stack, ROLLOUT_JOB, "#shipped", live.tmp / "shipped-state.json", "kvwatch-shipped",
-                           listen=f"127.0.0.1:{port}")
+        run = live.kvwatch(stack, ROLLOUT_JOB, "#shipped", live.tmp / "shipped-state.json", "kvwatch-shipped")
+        port = kvwatch_port(run.log, run.popen)
         wait("two kvwatch cycles", lambda: run.text().count("kvwatch cycle ") >= 2, 60, lambda: run.text()[-2000:])
         job = {**job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}], "scrape_interval": "1s",
                "scrape_timeout": "1s"}

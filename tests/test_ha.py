@@ -12,6 +12,7 @@ resolve in Slack, one resolved notification from Alertmanager).
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -25,7 +26,7 @@ from typing import Any
 import pytest
 import requests
 from support.fake_slack import fake_slack
-from support.prom import free_port, prometheus, require_binary, server_process
+from support.prom import kvwatch_port, on_free_ports, prometheus, require_binary, server_process
 from test_alertmanager import webhook_receiver
 from test_service_e2e import FIXTURES, TOKEN, Proc, clean_env, cycle_lines, spawn, value
 
@@ -47,23 +48,26 @@ def am_cluster(hook: str, work: Path) -> Iterator[list[str]]:
         "route:\n  receiver: rec\n  group_by: ['alertname', 'instance']\n  group_wait: 1s\n"
         "  group_interval: 30s\n  repeat_interval: 1h\n"
         f"receivers:\n  - name: rec\n    webhook_configs:\n      - url: {hook}\n        send_resolved: true\n")
-    ports: list[int] = []
-    while len(ports) < 4:  # four distinct ports: a released port can be handed out again at once
-        if (p := free_port()) not in ports:
-            ports.append(p)
-    web, gossip = ports[:2], ports[2:]
-    with ExitStack() as stack:
-        urls = []
-        for i in (0, 1):
-            args = [binary, f"--config.file={cfg}", f"--storage.path={work / f'am{i}'}",
-                    f"--web.listen-address=127.0.0.1:{web[i]}",
-                    f"--cluster.listen-address=127.0.0.1:{gossip[i]}",
-                    f"--cluster.peer=127.0.0.1:{gossip[1 - i]}",
-                    "--cluster.gossip-interval=100ms", "--cluster.pushpull-interval=1s",
-                    "--cluster.peer-timeout=2s", "--cluster.settle-timeout=2s"]
-            url = f"http://127.0.0.1:{web[i]}"
-            stack.enter_context(server_process(args, f"{url}/-/ready", work / f"am{i}.log", timeout=30))
-            urls.append(url)
+
+    @contextmanager
+    def start(ports: list[int]) -> Iterator[list[str]]:
+        web, gossip = ports[:2], ports[2:]
+        with ExitStack() as stack:
+            urls = []
+            for i in (0, 1):
+                args = [binary, f"--config.file={cfg}", f"--storage.path={work / f'am{i}'}",
+                        f"--web.listen-address=127.0.0.1:{web[i]}",
+                        f"--cluster.listen-address=127.0.0.1:{gossip[i]}",
+                        f"--cluster.peer=127.0.0.1:{gossip[1 - i]}",
+                        "--cluster.gossip-interval=100ms", "--cluster.pushpull-interval=1s",
+                        "--cluster.peer-timeout=2s", "--cluster.settle-timeout=2s"]
+                url = f"http://127.0.0.1:{web[i]}"
+                stack.enter_context(server_process(args, f"{url}/-/ready", work / f"am{i}.log", timeout=30))
+                urls.append(url)
+            yield urls
+
+    # a member that lost one of its four ports (web or gossip) restarts the pair on fresh ones
+    with on_free_ports(start, n=4) as urls:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # both members see each other before alerts flow
             peers = [len(requests.get(f"{u}/api/v2/status", timeout=5).json()["cluster"].get("peers") or [])
@@ -72,7 +76,9 @@ def am_cluster(hook: str, work: Path) -> Iterator[list[str]]:
                 break
             time.sleep(0.2)
         else:
-            raise AssertionError("the Alertmanager cluster did not form")
+            logs = "\n".join(f"--- am{i}.log:\n" + (work / f"am{i}.log").read_text(errors="replace")[-2000:]
+                             for i in (0, 1))
+            raise AssertionError(f"the Alertmanager cluster did not form (peers seen: {peers})\n{logs}")
         yield urls
 
 
@@ -110,13 +116,16 @@ def test_ha_pair_pages_once_and_survives_a_dead_replica(tmp_path: Path) -> None:
         sim_url = _wait("the simulator's URL", lambda: (m := re.search(r"on (http://127\.0\.0\.1:\d+)", sim.text()))
                         and m.group(1), 30, procs)
         (target,) = [t["name"] for t in requests.get(f"{sim_url}/targets", timeout=10).json()]
-        ports = {"a": free_port(), "b": free_port()}
+        # the replicas listen on ports the kernel picks (no port to lose before they bind); Prometheus
+        # learns them through a file_sd file written once both have said where they serve
+        sd = work / "kvwatch-sd.json"
+        sd.write_text("[]")
         prom = stack.enter_context(prometheus(config=(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
             f"scrape_configs:\n  - job_name: engines\n    http_sd_configs:\n"
             f"      - url: {sim_url}/sd\n        refresh_interval: 5s\n"
-            "  - job_name: kvwatch\n    static_configs:\n"
-            f"      - targets: ['127.0.0.1:{ports['a']}', '127.0.0.1:{ports['b']}']\n")))
+            "  - job_name: kvwatch\n    file_sd_configs:\n"
+            f"      - files: ['{sd}']\n        refresh_interval: 1s\n")))
         replicas: dict[str, Proc] = {}
         for rid in ("a", "b"):
             env = clean_env(SLACK_BOT_TOKEN=TOKEN, SLACK_CHANNEL=CHANNEL, KVWATCH_SLACK_API_URL=slack.api_url,
@@ -125,10 +134,14 @@ def test_ha_pair_pages_once_and_survives_a_dead_replica(tmp_path: Path) -> None:
             replicas[rid] = stack.enter_context(spawn(
                 f"kvwatch {rid}", ["run", "--config", str(FIXTURES / "config.yaml"), "--rules",
                                    str(FIXTURES / "rules.yaml"), "--prometheus-url", prom,
-                                   "--state", str(tmp_path / f"{rid}.db"), "--listen", f"127.0.0.1:{ports[rid]}"],
+                                   "--state", str(tmp_path / f"{rid}.db"), "--listen", "127.0.0.1:0"],
                 tmp_path / f"kvwatch-{rid}.log", env))
             procs.append(replicas[rid])
         a, b = replicas["a"], replicas["b"]
+        ports = {rid: kvwatch_port(p.log, p.popen, 60) for rid, p in replicas.items()}
+        tmp_sd = work / ".kvwatch-sd.json"  # replaced atomically: Prometheus watches the file
+        tmp_sd.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}" for port in ports.values()]}]))
+        tmp_sd.replace(sd)
 
         def metrics(rid: str) -> str:
             return requests.get(f"http://127.0.0.1:{ports[rid]}/metrics", timeout=5).text

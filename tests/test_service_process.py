@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from support.prom import free_port, prometheus, wait_http
+from support.prom import kvwatch_port, prometheus, wait_http
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
@@ -29,15 +29,14 @@ def test_run_serves_reloads_and_stops_cleanly(tmp_path: Path) -> None:
     with prometheus() as prom:
         cfg = tmp_path / "kvwatch.yaml"
         cfg.write_text(f"prometheus: {{url: '{prom}'}}\nevaluation: {{interval: 1s, window: 2m, step: 15s}}\n")
-        port = free_port()
         log = (tmp_path / "kvwatch.log").open("wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvwatch.cli", "run", "--config", str(cfg), "--state", str(tmp_path / "s.db"),
-             "--listen", f"127.0.0.1:{port}"],
+             "--listen", "127.0.0.1:0"],
             stdout=log, stderr=subprocess.STDOUT,
         )
-        base = f"http://127.0.0.1:{port}"
         try:
+            base = f"http://127.0.0.1:{kvwatch_port(tmp_path / 'kvwatch.log', proc)}"
             wait_http(f"{base}/healthz", timeout=30, proc=proc)
             wait_http(f"{base}/readyz", timeout=30, proc=proc)
             assert (metric(base, "kvwatch_cycles_total", outcome="ok") or 0) >= 1

@@ -10,22 +10,19 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import shutil
-import subprocess
 import tempfile
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from support.prom import PROMETHEUS, free_port, require_binary
+from support.prom import PROMETHEUS, on_free_ports, require_binary, server_process
 
 
 @dataclass(frozen=True)
@@ -106,33 +103,18 @@ def prometheus_web(web_config: str, *, tsdb: Path | None = None, ready: dict | N
     work = Path(tempfile.mkdtemp(prefix="kvwatch-promtls-"))
     (work / "prometheus.yml").write_text("global:\n  scrape_interval: 15s\n")
     (work / "web.yml").write_text(web_config)
-    port = free_port()
-    url = f"https://127.0.0.1:{port}"
-    log = (work / "prometheus.log").open("wb")
-    proc = subprocess.Popen([binary, f"--config.file={work / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tsdb or work / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                             f"--web.config.file={work / 'web.yml'}", "--storage.tsdb.retention.time=100y"],
-                            stdout=log, stderr=subprocess.STDOUT)
+
+    @contextmanager
+    def start(ports: list[int]) -> Iterator[str]:
+        url = f"https://127.0.0.1:{ports[0]}"
+        args = [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={tsdb or work / 'data'}",
+                f"--web.listen-address=127.0.0.1:{ports[0]}", f"--web.config.file={work / 'web.yml'}",
+                "--storage.tsdb.retention.time=100y"]
+        with server_process(args, f"{url}/-/ready", work / "prometheus.log", timeout=30, **(ready or {})):
+            yield url
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {(work / 'prometheus.log').read_text()[-2000:]}")
-            try:
-                if requests.get(f"{url}/-/ready", timeout=1, **(ready or {})).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} not ready: {(work / 'prometheus.log').read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield url
+        with on_free_ports(start) as url:
+            yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
         shutil.rmtree(work, ignore_errors=True)

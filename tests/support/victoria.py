@@ -16,7 +16,7 @@ from pathlib import Path
 
 import requests
 
-from support.prom import free_port, require_binary, server_process
+from support.prom import on_free_ports, require_binary, server_process
 
 VICTORIA = ("victoria-metrics", "victoria-metrics-prod")
 
@@ -26,12 +26,17 @@ def victoriametrics() -> Iterator[str]:
     """Run VictoriaMetrics on a free loopback port (result cache off); yields its base URL."""
     binary = require_binary(*VICTORIA)
     work = Path(tempfile.mkdtemp(prefix="kvwatch-vm-"))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = [binary, f"-storageDataPath={work / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
-            "-retentionPeriod=100y", "-search.disableCache"]
-    try:
+
+    @contextmanager
+    def start(ports: list[int]) -> Iterator[str]:
+        url = f"http://127.0.0.1:{ports[0]}"
+        args = [binary, f"-storageDataPath={work / 'data'}", f"-httpListenAddr=127.0.0.1:{ports[0]}",
+                "-retentionPeriod=100y", "-search.disableCache"]
         with server_process(args, f"{url}/health", work / "vm.log"):
+            yield url
+
+    try:
+        with on_free_ports(start) as url:
             yield url
     finally:
         shutil.rmtree(work, ignore_errors=True)
