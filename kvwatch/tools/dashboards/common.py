@@ -67,6 +67,22 @@ def _pct(q: float) -> str:
     return f"p{q * 100:g}"
 
 
+def signals_panel(
+    title: str, description: str, series: tuple[tuple[Signal, str], ...], unit: str = "short", width: int = 12
+) -> Panel:
+    """A time series panel floored at 0: one target per ``(signal, legend suffix)`` of ``series``,
+    its legend ``{{instance}} <suffix>``."""
+    return Panel(
+        title,
+        TS,
+        description,
+        tuple(Target(signal_expr(signal), f"{{{{instance}}}} {suffix}") for signal, suffix in series),
+        unit=unit,
+        min=0,
+        width=width,
+    )
+
+
 def kv_usage_panel(width: int = 12) -> Panel:
     return Panel(
         "KV cache usage per instance",
@@ -91,21 +107,15 @@ def kv_usage_panel(width: int = 12) -> Panel:
 
 
 def scheduler_panel(width: int = 12) -> Panel:
-    return Panel(
+    return signals_panel(
         "Waiting and running requests",
-        TS,
         "Requests in the running batch and requests waiting to be scheduled (real time; queue-time histograms "
         "only update when requests finish). A sustained queue with a full KV pool means KV-bound; a queue with "
         "a half-empty pool and running pinned at a constant ceiling means batch-limited (max_num_seqs); a queue "
         "with nothing running and no tokens means a stalled scheduler. 'waiting (capacity)' is vLLM >= 0.20.2's "
         "KV-caused share.",
-        (
-            Target(signal_expr(Signal.WAITING), "{{instance}} waiting"),
-            Target(signal_expr(Signal.RUNNING), "{{instance}} running"),
-            Target(signal_expr(Signal.WAITING_CAPACITY), "{{instance}} waiting (capacity)"),
-        ),
+        ((Signal.WAITING, "waiting"), (Signal.RUNNING, "running"), (Signal.WAITING_CAPACITY, "waiting (capacity)")),
         width=width,
-        min=0,
     )
 
 
@@ -163,34 +173,23 @@ def itl_panel(width: int = 12) -> Panel:
 
 
 def queue_panel(width: int = 12) -> Panel:
-    return Panel(
+    return signals_panel(
         "Queue time p99 and mean",
-        TS,
         "Time requests spent queued before scheduling, windowed (rate of sum / rate of count, never lifetime). "
         "It is observed when a request finishes, so it lags during overload - read the waiting-requests panel "
         "for the real-time queue. TensorRT-LLM under Triton exports only Triton's own queue (mean).",
-        (
-            Target(signal_expr(Signal.QUEUE_P99), "{{instance}} p99"),
-            Target(signal_expr(Signal.QUEUE_MEAN), "{{instance}} mean"),
-        ),
+        ((Signal.QUEUE_P99, "p99"), (Signal.QUEUE_MEAN, "mean")),
         unit="s",
-        min=0,
         width=width,
     )
 
 
 def tokens_panel(width: int = 12) -> Panel:
-    return Panel(
+    return signals_panel(
         "Tokens / s",
-        TS,
         "Generated and prompt tokens per second. Throughput that stays flat while KV usage and the queue grow "
         "means the engine is saturated; low throughput with a low pool and no queue is low demand.",
-        (
-            Target(signal_expr(Signal.GEN_TPS), "{{instance}} generated"),
-            Target(signal_expr(Signal.PROMPT_TPS), "{{instance}} prompt"),
-        ),
-        unit="short",
-        min=0,
+        ((Signal.GEN_TPS, "generated"), (Signal.PROMPT_TPS, "prompt")),
         width=width,
     )
 

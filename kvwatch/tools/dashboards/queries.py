@@ -156,6 +156,22 @@ def extra_expr(extra: Extra, matchers: str = PANEL_MATCHERS, rate_window: str = 
     )
 
 
+def _hit_ratio_expr(
+    hit: Extra, asked: Extra, matchers: str, rate_window: str, dialects: Iterable[Dialect] | None = None
+) -> str:
+    """Per target ``(hit) / (asked)`` over the window, for every dialect with ``hit`` (or ``dialects``).
+
+    Counters over the window, never a lifetime or last-batch gauge; a window in which
+    nothing was asked yields no value (0/0), not 0 %.
+    """
+    parts = []
+    for d in dialects_with(hit) if dialects is None else dialects:
+        hits = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, hit))
+        total = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, asked))
+        parts.append(f"({hits}) / ({total})")
+    return join_or(parts)
+
+
 def prefix_hit_ratio_expr(
     matchers: str = PANEL_MATCHERS, rate_window: str = PANEL_RATE, dialects: Iterable[Dialect] | None = None
 ) -> str:
@@ -164,32 +180,17 @@ def prefix_hit_ratio_expr(
     Computed from counters over the window, never from a lifetime or last-batch gauge.
     A window without prompt traffic yields no value (0/0), not 0 %.
     """
-    parts = []
-    for d in dialects_with(Extra.PREFIX_HIT_TOKENS) if dialects is None else dialects:
-        hits = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, Extra.PREFIX_HIT_TOKENS))
-        asked = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, Extra.PREFIX_QUERY_TOKENS))
-        parts.append(f"({hits}) / ({asked})")
-    return join_or(parts)
+    return _hit_ratio_expr(Extra.PREFIX_HIT_TOKENS, Extra.PREFIX_QUERY_TOKENS, matchers, rate_window, dialects)
 
 
 def external_hit_ratio_expr(matchers: str = PANEL_MATCHERS, rate_window: str = PANEL_RATE) -> str:
     """Windowed hit ratio (0-1) of the external KV tier (a KV connector such as LMCache) per target."""
-    parts = []
-    for d in dialects_with(Extra.EXTERNAL_HIT_TOKENS):
-        hits = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, Extra.EXTERNAL_HIT_TOKENS))
-        asked = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, Extra.EXTERNAL_QUERY_TOKENS))
-        parts.append(f"({hits}) / ({asked})")
-    return join_or(parts)
+    return _hit_ratio_expr(Extra.EXTERNAL_HIT_TOKENS, Extra.EXTERNAL_QUERY_TOKENS, matchers, rate_window)
 
 
 def lmcache_hit_ratio_expr(matchers: str = PANEL_MATCHERS, rate_window: str = PANEL_RATE) -> str:
     """Windowed share (0-1) of the tokens asked of LMCache that it served, per target."""
-    parts = []
-    for d in dialects_with(Extra.LMCACHE_HIT_TOKENS):
-        hits = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, Extra.LMCACHE_HIT_TOKENS))
-        asked = join_or(s.promql(matchers, rate_window) for s in extra_sources(d, Extra.LMCACHE_REQUESTED_TOKENS))
-        parts.append(f"({hits}) / ({asked})")
-    return join_or(parts)
+    return _hit_ratio_expr(Extra.LMCACHE_HIT_TOKENS, Extra.LMCACHE_REQUESTED_TOKENS, matchers, rate_window)
 
 
 #: Gateway API inference extension (llm-d / GKE Inference Gateway) pool gauges, exported by the EPP
