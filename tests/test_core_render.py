@@ -4,25 +4,20 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.results import AT
+from support.results import target_result as result
 
 from kvwatch.core.models import (
-    Diagnosis,
     Evaluation,
-    Evidence,
     FailureMode,
-    Severity,
-    Target,
-    TargetKey,
     TargetResult,
 )
 from kvwatch.core.report import to_json, to_text
 
-AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 FLOATS = st.floats(allow_nan=True, allow_infinity=True)
 
 
@@ -31,16 +26,6 @@ def strict_loads(text: str) -> dict:
         raise AssertionError(f"JSON contains {const}")
 
     return json.loads(text, parse_constant=reject)
-
-
-def result(state: FailureMode, *, observed: float | None = 0.97, confidence: float = 0.8,
-           facts: dict[str, float | None] | None = None, threshold: float = 0.8) -> TargetResult:
-    t = Target(TargetKey("vllm", "10.0.0.1:8000"), "vllm-v1", "vllm", "meta-llama/Llama-3.1-8B-Instruct")
-    ev = Evidence("kv_usage", "frac_above(0.9)", observed, ">=", threshold, "10m", True)
-    d = Diagnosis(state, f"{state}-rule", Severity.CRITICAL, confidence, "KV pinned.", (ev,), ("one", "two"),
-                  cause="")
-    return TargetResult(t, state, (d,), ("waiting_capacity", "max_running (no data)"),
-                        facts if facts is not None else {"capacity_tokens": 131072.0, "period": None})
 
 
 def evaluation(*results: TargetResult) -> Evaluation:

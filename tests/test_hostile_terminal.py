@@ -3,32 +3,25 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+
+from support.results import AT, target_result
 
 from kvwatch.alerting.sinks.console import event_line
 from kvwatch.core.models import (
-    Diagnosis,
     Evaluation,
-    Evidence,
     FailureMode,
-    Severity,
-    Target,
-    TargetKey,
     TargetResult,
 )
 from kvwatch.core.report import TARGET_WIDTH, to_text
 from kvwatch.textsafe import printable
 
-AT = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def _result(job: str, instance: str, model: str = "m", state: FailureMode = FailureMode.FULL,
             summary: str = "KV pinned.") -> TargetResult:
-    t = Target(TargetKey(job, instance), "vllm-v1", "vllm", model)
-    ev = Evidence("kv_usage", "mean", 0.97, ">=", 0.9, "10m", True)
-    d = Diagnosis(state, "full-rule", Severity.CRITICAL, 0.9, summary, (ev,), ("step one", "step two"))
-    return TargetResult(t, state, (d,), ())
+    return target_result(state, job=job, instance=instance, model=model, stat="mean", threshold=0.9,
+                         confidence=0.9, summary=summary, triage=("step one", "step two"), missing=(), facts={})
 
 
 def test_newlines_and_ansi_in_labels_do_not_forge_lines() -> None:
