@@ -30,11 +30,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kvwatch.config import load_settings
-from kvwatch.core.dialects import DIALECTS, selector
 from kvwatch.core.models import FailureMode
 from kvwatch.core.promclient import PromClient, QueryClient
+from kvwatch.core.quality import kv_usage_selectors, static_alert_expr
 from kvwatch.core.rules import load_ruleset
-from kvwatch.core.signals import Signal
 from kvwatch.sim.corpus import default_end_time
 from kvwatch.sim.fleet import TargetRun
 from kvwatch.sim.openmetrics import write_openmetrics
@@ -101,18 +100,12 @@ def _wall(run: TargetRun, sim_t: float) -> float:
 def static_alert(client: QueryClient, start: float, end: float) -> dict[tuple[str, str], list[tuple[float, bool]]]:
     """The static alert's firing state per (job, instance) at every step of [start, end]."""
     out: dict[tuple[str, str], dict[float, bool]] = {}
-    seen: set[str] = set()
-    for d in DIALECTS:
-        for src in d.sources.get(Signal.KV_USAGE, ()):
-            sel = selector(src.metric, src.matchers)
-            if sel in seen:
-                continue
-            seen.add(sel)
-            q = f"max by (job, instance) (min_over_time({sel}[5m]))"
-            for s in client.range(q, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC), STEP_S):
-                key = (s["metric"].get("job", ""), s["metric"].get("instance", ""))
-                for t, v in s["values"]:
-                    out.setdefault(key, {})[float(t)] = float(v) > 0.9
+    for sel in kv_usage_selectors():
+        q = static_alert_expr(sel)
+        for s in client.range(q, datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC), STEP_S):
+            key = (s["metric"].get("job", ""), s["metric"].get("instance", ""))
+            for t, v in s["values"]:
+                out.setdefault(key, {})[float(t)] = float(v) > 0.9
     return {k: sorted(v.items()) for k, v in out.items()}
 
 

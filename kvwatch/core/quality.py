@@ -102,14 +102,25 @@ def static_baseline_targets(client: QueryClient, at: datetime, threshold: float 
                             ) -> set[tuple[str, str]]:
     """(job, instance) pairs the static alert fires for at ``at`` (see :func:`static_baseline`)."""
     fired: set[tuple[str, str]] = set()
-    seen: set[str] = set()
+    for sel in kv_usage_selectors():
+        q = f"{static_alert_expr(sel, over)} > {threshold}"
+        fired |= {(row["metric"].get("job", ""), row["metric"]["instance"]) for row in client.instant(q, at)
+                  if "instance" in row.get("metric", {})}
+    return fired
+
+
+def kv_usage_selectors() -> list[str]:
+    """Every distinct KV-usage selector of the dialect table, in table order: what the static alert watches."""
+    out: list[str] = []
     for d in DIALECTS:
         for src in d.sources.get(Signal.KV_USAGE, ()):
             sel = selector(src.metric, src.matchers)
-            if sel in seen:
-                continue
-            seen.add(sel)
-            q = f"max by (job, instance) (min_over_time({sel}[{over}])) > {threshold}"
-            fired |= {(row["metric"].get("job", ""), row["metric"]["instance"]) for row in client.instant(q, at)
-                      if "instance" in row.get("metric", {})}
-    return fired
+            if sel not in out:
+                out.append(sel)
+    return out
+
+
+def static_alert_expr(sel: str, over: str = "5m") -> str:
+    """The static alert's value per (job, instance) before its threshold: the lowest KV usage
+    (0-1) of ``sel`` over the last ``over``, the highest over a target's series."""
+    return f"max by (job, instance) (min_over_time({sel}[{over}]))"
