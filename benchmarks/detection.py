@@ -39,7 +39,7 @@ from kvwatch.sim.fleet import TargetRun
 from kvwatch.sim.openmetrics import write_openmetrics
 from kvwatch.sim.phases import FAULTS, PhasedTarget, draw
 from kvwatch.sim.vocab import Dialect
-from kvwatch.tools.backtest.models import BacktestResult, IncidentRecord
+from kvwatch.tools.backtest.models import BacktestResult, IncidentRecord, ModeChange
 from kvwatch.tools.backtest.replay import run_backtest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -113,10 +113,30 @@ def _first(seq: Sequence[tuple[float, bool]], after: float, value: bool) -> floa
     return next((t for t, v in seq if t >= after and v is value), None)
 
 
-def _is_fault(inc: IncidentRecord, target: PhasedTarget) -> bool:
-    if inc.mode.value != target.mode.value:
+def _is_fault(mode: str, rule: str, target: PhasedTarget) -> bool:
+    if mode != target.mode.value:
         return False
-    return target.cause is None or inc.rule.endswith(target.cause.value.replace("_", "-"))
+    return target.cause is None or rule.endswith(target.cause.value.replace("_", "-"))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A span of one incident during which it carried one primary mode (Unix s; end inf = still open)."""
+
+    start: float
+    end: float
+    mode: str
+    rule: str
+
+
+def segments(inc: IncidentRecord) -> list[Segment]:
+    """An incident cut at every change of its primary mode: one incident per engine episode
+    becomes `full` in place when a fragmented stall's backlog drains through a full pool, so
+    the mode it opened with would be lost if only its last mode were read."""
+    end = math.inf if inc.resolved_at is None else inc.resolved_at
+    changes = inc.modes or (ModeChange(inc.opened_at, inc.mode, inc.rule),)
+    bounds = [c.at for c in changes[1:]] + [end]
+    return [Segment(c.at, b, c.mode.value, c.rule) for c, b in zip(changes, bounds, strict=True)]
 
 
 def measure(result: BacktestResult, runs: dict[str, tuple[PhasedTarget, TargetRun]],
@@ -129,11 +149,12 @@ def measure(result: BacktestResult, runs: dict[str, tuple[PhasedTarget, TargetRu
         fault_at = _wall(run, target.fault_at) if math.isfinite(target.fault_at) else math.inf
         drop_at = _wall(run, target.recover_at) if math.isfinite(target.recover_at) else math.inf
         truth_at = _wall(run, target.recovered_at) if math.isfinite(target.recovered_at) else math.inf
-        mine = [i for i in tl.incidents if _is_fault(i, target) and i.opened_at >= fault_at]
+        segs = [s for inc in tl.incidents for s in segments(inc)]
+        mine = [s for s in segs if _is_fault(s.mode, s.rule, target) and s.start >= fault_at]
         if mine:
-            first = min(mine, key=lambda i: i.opened_at)
-            m.detect_s = first.opened_at - fault_at
-            last = max((i.resolved_at or math.inf) for i in mine)
+            first = min(mine, key=lambda s: s.start)
+            m.detect_s = first.start - fault_at
+            last = max(s.end for s in mine)
             if math.isfinite(last):
                 m.clear_after_drop_s = last - drop_at
                 m.clear_after_truth_s = last - truth_at
@@ -148,13 +169,13 @@ def measure(result: BacktestResult, runs: dict[str, tuple[PhasedTarget, TargetRu
                 if back:
                     m.clear_after_drop_s = back[0] - drop_at
                     m.clear_after_truth_s = back[0] - truth_at
-        for inc in tl.incidents:
-            if inc in mine:
+        for seg in segs:
+            if seg in mine:
                 continue
-            what = f"{inc.rule}@{(inc.opened_at - fault_at) / 60:+.1f}m" if math.isfinite(fault_at) else inc.rule
-            if inc.opened_at >= truth_at:
+            what = f"{seg.rule}@{(seg.start - fault_at) / 60:+.1f}m" if math.isfinite(fault_at) else seg.rule
+            if seg.start >= truth_at:
                 m.after_recovery.append(what)
-            elif inc.opened_at >= drop_at:
+            elif seg.start >= drop_at:
                 m.draining.append(what)
             else:
                 m.wrong.append(what)

@@ -151,3 +151,41 @@ def test_long_spans_are_fetched_in_contiguous_chunks() -> None:
     assert len(client.ranges) == chunks * n_queries
     for sig in (Signal.KV_USAGE, Signal.RUNNING, Signal.WAITING):
         assert np.array_equal(data.values(targets[0].key, sig), expected_grid)  # no gaps, no overlaps
+
+
+def test_static_signals_are_fetched_over_the_span_not_at_its_end() -> None:
+    """A configured cap that changes inside the replayed span (max_num_seqs cut, then restored)
+    must be seen at each step as it was then: an instant value at T1 held over the whole history
+    leaks the future into earlier steps (running / cap then reads 4 / 1024 while running sits
+    at its new cap of 4, and the batch-limited rule cannot match)."""
+    names = frozenset({"trtllm_kv_cache_utilization", "trtllm_num_requests_running", "trtllm_num_requests_waiting",
+                       "trtllm_max_num_active_requests", "trtllm_kv_cache_max_blocks"})
+    targets = [Target(TargetKey("trt", "a"), "trtllm-serve", "trtllm", "m", names)]
+    spec = HistorySpec(start=G0 + 3000, end=G0 + 6000, window_s=600, resolution_s=RES, rate_window="2m",
+                       user_matchers="")
+    data = fetch_history(_FakeProm(targets), targets, spec)
+    assert np.array_equal(data.values(targets[0].key, Signal.MAX_RUNNING), data.grid)  # value = its own time
+
+
+def test_an_incident_that_changes_mode_keeps_every_mode_it_carried() -> None:
+    """One incident per engine episode: a fragmented stall whose backlog then drains through a
+    truly full pool becomes `full` in place. The record must keep the mode it opened with and
+    when each later mode took over, or a benchmark reads `full` from the start."""
+    targets, data = _history()
+    key = targets[0].key
+    inside = (FULL[0] <= GRID) & (FULL[1] > GRID)
+    stall = (FULL[0] - 1800 <= GRID) & (FULL[0] > GRID)  # 30 min before the pool fills: free KV, a queue
+    data.put(key, Signal.KV_USAGE, np.where(inside, 0.97, np.where(stall, 0.35, 0.70)))
+    data.put(key, Signal.WAITING, np.where(inside | stall, 6.0, 0.0))
+    # reservations admit a varying number of requests: running is not pinned at a ceiling
+    data.put(key, Signal.RUNNING, np.random.default_rng(5).integers(15, 45, len(GRID)).astype(float))
+    steps = step_times(G0 + WINDOW, float(GRID[-1]), 60.0)
+    [sick, _] = replay(targets, data, RULES, PARAMS, steps)
+    [inc] = sick.incidents
+    first_frag = next(t for t, s in zip(sick.times, sick.states, strict=True) if s is FailureMode.FRAGMENTED)
+    first_full = next(t for t, s in zip(sick.times, sick.states, strict=True) if s is FailureMode.FULL)
+    assert inc.mode is FailureMode.FULL  # the primary mode now (the most severe)
+    assert [(c.mode, c.at) for c in inc.modes] == [(FailureMode.FRAGMENTED, inc.opened_at),
+                                                  (FailureMode.FULL, first_full)]
+    assert inc.opened_at == first_frag + PARAMS.lifecycle.pending_for
+    assert inc.to_json()["modes"][0]["mode"] == "fragmented"

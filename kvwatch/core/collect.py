@@ -305,12 +305,16 @@ def collect(
     latency_window: str | None = None,
     range_signals: frozenset[Signal] | None = None,
     triton_model: str = "",
+    hold_static: bool = True,
 ) -> FleetData:
     """Fetch every signal of every target over [at − window, at] on a ``step_s`` grid.
 
     ``range_signals`` (default: all) are fetched as series over the window; the others
     only at ``at`` and held over the grid — for signals no rule condition reads (they
     only fill triage text), which spares Prometheus most histogram work.
+    ``hold_static`` False fetches static signals (pool size, max concurrency) over the
+    window too: a backtest replays every instant of a long span, and a value read at its
+    end would leak into earlier steps (a cap cut and restored inside the span).
     """
     end = at.timestamp()
     n = int(window_s // step_s)
@@ -322,6 +326,8 @@ def collect(
     queries = plan(targets, user_matchers, rate_window, latency_window, triton_model)
 
     modes = query_modes(queries, range_signals, latency_window, step_s)
+    if not hold_static:
+        modes = {q: "range" if m == "static" else m for q, m in modes.items()}
     static = {q for q, m in modes.items() if m == "static"}
     coarse = {q for q, m in modes.items() if m == "coarse"}
     hold = _latency_hold(latency_window, step_s)

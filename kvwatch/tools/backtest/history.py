@@ -79,6 +79,7 @@ def fetch_history(client: QueryClient, targets: list[Target], spec: HistorySpec)
                 latency_window=spec.latency_window,
                 user_matchers=spec.user_matchers,
                 max_concurrency=spec.max_concurrency,
+                hold_static=False,  # each step must see the cap / pool size of its own time
             )
         )
         hi -= n + 1

@@ -23,11 +23,26 @@ def iso(ts: float | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class ModeChange:
+    """From ``at`` (Unix s) on, the incident's primary mode was ``mode``, found by ``rule``."""
+
+    at: float
+    mode: FailureMode
+    rule: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"at": iso(self.at), "mode": self.mode.value, "rule": self.rule}
+
+
+@dataclass(frozen=True)
 class IncidentRecord:
     """An incident that fired. ``resolved_at`` is ``None`` when it was still open at ``T1``.
 
     ``pending_at`` is when the condition first matched; ``opened_at`` when it fired
-    (as decided by :class:`kvwatch.alerting.lifecycle.Lifecycle`).
+    (as decided by :class:`kvwatch.alerting.lifecycle.Lifecycle`). One incident covers an
+    engine's episode and takes the most severe mode found during it, so ``mode``/``rule`` are
+    the last primary mode; ``modes`` lists every one it carried, oldest first (the first is
+    the mode it opened with, at ``opened_at``; empty when built without a history).
     """
 
     mode: FailureMode
@@ -37,6 +52,7 @@ class IncidentRecord:
     opened_at: float
     resolved_at: float | None = None
     resolution: str = ""
+    modes: tuple[ModeChange, ...] = ()
 
     def active_until(self, end: float) -> float:
         return end if self.resolved_at is None else self.resolved_at
@@ -50,6 +66,7 @@ class IncidentRecord:
             "rule": self.rule,
             "pending_at": iso(self.pending_at),
             "resolution": self.resolution,
+            "modes": [c.to_json() for c in self.modes],
         }
 
 

@@ -28,7 +28,7 @@ from kvwatch.durations import format_duration
 from kvwatch.errors import ConfigError
 from kvwatch.tools.backtest.history import HistorySpec, fetch_layers, source_sig
 from kvwatch.tools.backtest.identity import discover_steps
-from kvwatch.tools.backtest.models import BacktestResult, IncidentRecord, TargetTimeline
+from kvwatch.tools.backtest.models import BacktestResult, IncidentRecord, ModeChange, TargetTimeline
 from kvwatch.tools.backtest.window import StepView, first_seen, overlay
 
 #: tolerance for "is a multiple of" checks on float seconds
@@ -69,10 +69,15 @@ class _IncidentLog:
     def __init__(self) -> None:
         self.records: dict[tuple[IncidentKey, float], IncidentRecord] = {}
 
-    def observe(self, incidents: dict[IncidentKey, Incident]) -> None:
+    def observe(self, incidents: dict[IncidentKey, Incident], at: float) -> None:
+        """Record the incidents after the lifecycle step at ``at`` (Unix s)."""
         for key, inc in incidents.items():
             if inc.fired_at is None:
                 continue  # pending only: never raised
+            prev = self.records.get((key, inc.started_at))
+            modes = prev.modes if prev is not None else ()
+            if not modes or modes[-1].mode is not inc.mode:  # opened, or another mode took over
+                modes = (*modes, ModeChange(inc.fired_at if not modes else at, inc.mode, inc.rule_id))
             self.records[(key, inc.started_at)] = IncidentRecord(
                 mode=inc.mode,
                 severity=inc.severity,
@@ -81,6 +86,7 @@ class _IncidentLog:
                 opened_at=inc.fired_at,
                 resolved_at=inc.resolved_at if inc.state is IncidentState.RESOLVED else None,
                 resolution=inc.resolution,
+                modes=modes,
             )
 
     def for_target(self, key: TargetKey) -> tuple[IncidentRecord, ...]:
@@ -140,7 +146,7 @@ def replay_steps(
             times.setdefault(r.target.key, []).append(t)
             states.setdefault(r.target.key, []).append(r.state)
         incidents, _events = lifecycle.step(incidents, results, t)
-        log.observe(incidents)
+        log.observe(incidents, t)
         if progress is not None:
             progress(i + 1, len(steps))
     return tuple(
