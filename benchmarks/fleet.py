@@ -128,7 +128,9 @@ def run_one(size: int, cache: Path, cycles: int, concurrency: int, jobs: int, st
 
 
 STEADY_INTERVAL_S = 60
-STEADY_CYCLES = 8
+#: one more than ``discovery.refresh_cycles`` (10): the steady cycles include one rediscovery
+#: (and re-measured probes), so the mean shows its amortised cost
+STEADY_CYCLES = 10
 
 
 def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -> dict[str, Any]:
@@ -136,9 +138,11 @@ def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -
 
     Cycles run at START + 30 min, + 1 min, … (the cached TSDB holds 40 min), each
     instant aligned to the step as the service aligns it. Next to them, a full fetch
-    (``pipeline.evaluate``) at the last instant, in the same Prometheus.
+    (``pipeline.evaluate``) at the last instant, in the same Prometheus. The 1-minute
+    load average before and after is recorded: wall times mean little on a loaded machine.
     """
     import gc
+    import os
 
     from kvwatch.config import load_settings
     from kvwatch.core.promclient import PromClient
@@ -155,6 +159,7 @@ def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -
             "evaluation": {"step": step}})
         client = PromClient(url, timeout_s=120, retries=0)
         _cycle(client, settings, rules, aligned(first_at - 300, settings.evaluation.step), pid)  # warm-up
+        load_before = os.getloadavg()[0]
         inc = IncrementalEvaluator()
         ats = [aligned(first_at + i * STEADY_INTERVAL_S, settings.evaluation.step) for i in range(STEADY_CYCLES + 1)]
         first = _cycle(client, settings, rules, ats[0], pid, inc)
@@ -163,6 +168,7 @@ def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -
             steady.append(_cycle(client, settings, rules, at, pid, inc))
             kinds.append((inc.last_mode, inc.last_steps, inc.last_discovered))
         full = [_cycle(client, settings, rules, ats[-1], pid) for _ in range(2)][-1]
+        load_after = os.getloadavg()[0]
         # memory the service keeps between cycles: the window of every target
         gc.collect()
         tracemalloc.start()
@@ -173,13 +179,21 @@ def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -
         kept = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
         arrays = sum(a.nbytes for sigs in keep.data.series.values() for a in sigs.values()) if keep.data else 0
-    med = {k: statistics.median(r[k] for r in steady) for k in ("wall_s", "prom_cpu_s", "kvwatch_cpu_s", "queries", "mbytes")}
+    keys = ("wall_s", "prom_cpu_s", "kvwatch_cpu_s", "queries", "mbytes")
+    med = {k: statistics.median(r[k] for r in steady) for k in keys}
+    mean = {k: statistics.fmean(r[k] for r in steady) for k in keys}
     return {
         "size": size, "targets": first["targets"], "first_wall_s": first["wall_s"], "first_prom_cpu_s": first["prom_cpu_s"],
         "steady_wall_s": med["wall_s"], "steady_wall_max_s": max(r["wall_s"] for r in steady),
         "steady_prom_cpu_s": med["prom_cpu_s"], "steady_kvwatch_cpu_s": med["kvwatch_cpu_s"],
+        "steady_mean_wall_s": mean["wall_s"], "steady_mean_prom_cpu_s": mean["prom_cpu_s"],
+        "steady_mean_kvwatch_cpu_s": mean["kvwatch_cpu_s"], "steady_max_prom_cpu_s": max(r["prom_cpu_s"] for r in steady),
+        "per_cycle": [(round(r["wall_s"], 2), round(r["prom_cpu_s"], 2), round(r["kvwatch_cpu_s"], 2), r["queries"])
+                      for r in steady],
+        "load_before": load_before, "load_after": load_after,
         "steady_queries": med["queries"], "steady_mbytes": med["mbytes"],
         "prom_cpu_share": med["prom_cpu_s"] / first["prom_cpu_s"] if first["prom_cpu_s"] else float("nan"),
+        "prom_cpu_share_mean": mean["prom_cpu_s"] / first["prom_cpu_s"] if first["prom_cpu_s"] else float("nan"),
         "full_wall_s": full["wall_s"], "full_prom_cpu_s": full["prom_cpu_s"], "full_queries": full["queries"],
         "kept_kb_per_target": kept / 1024 / max(1, first["targets"]),
         "arrays_kb_per_target": arrays / 1024 / max(1, first["targets"]),
@@ -249,18 +263,22 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def _steady_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| targets | first cycle s | first prom CPU s | steady cycle s (median / max) | steady prom CPU s | "
-        "prom CPU vs first | steady kvwatch CPU s | steady queries | steady MB | full-fetch cycle s | "
-        "full prom CPU s | kept KB/target | peak RSS MB |",
-        "|" + "---:|" * 13,
+        "| targets | first cycle s | first prom CPU s | steady cycle s (median / mean / max) | "
+        "steady prom CPU s (median / mean / max) | prom CPU vs first (median / mean) | "
+        "steady kvwatch CPU s (median / mean) | steady queries | steady MB | full-fetch cycle s | "
+        "full prom CPU s | kept KB/target | peak RSS MB | load avg (before / after) |",
+        "|" + "---:|" * 14,
     ]
     for r in rows:
         lines.append(
             f"| {r['size']} | {r['first_wall_s']:.2f} | {r['first_prom_cpu_s']:.2f} | "
-            f"{r['steady_wall_s']:.2f} / {r['steady_wall_max_s']:.2f} | {r['steady_prom_cpu_s']:.2f} | "
-            f"{r['prom_cpu_share']:.0%} | {r['steady_kvwatch_cpu_s']:.2f} | {r['steady_queries']:.0f} | "
+            f"{r['steady_wall_s']:.2f} / {r['steady_mean_wall_s']:.2f} / {r['steady_wall_max_s']:.2f} | "
+            f"{r['steady_prom_cpu_s']:.2f} / {r['steady_mean_prom_cpu_s']:.2f} / {r['steady_max_prom_cpu_s']:.2f} | "
+            f"{r['prom_cpu_share']:.0%} / {r['prom_cpu_share_mean']:.0%} | "
+            f"{r['steady_kvwatch_cpu_s']:.2f} / {r['steady_mean_kvwatch_cpu_s']:.2f} | {r['steady_queries']:.0f} | "
             f"{r['steady_mbytes']:.1f} | {r['full_wall_s']:.2f} | {r['full_prom_cpu_s']:.2f} | "
-            f"{r['kept_kb_per_target']:.1f} | {r['peak_rss_mb']:.0f} |")
+            f"{r['kept_kb_per_target']:.1f} | {r['peak_rss_mb']:.0f} | "
+            f"{r['load_before']:.1f} / {r['load_after']:.1f} |")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ values on every step of every signal.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -23,12 +24,12 @@ import pytest
 import requests
 from support.prom import prometheus, require_binary
 
-from kvwatch.config import load_settings
+from kvwatch.config import Settings, load_settings
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Evaluation, Target, TargetKey
 from kvwatch.core.pipeline import collect_targets, evaluate, find_targets
 from kvwatch.core.promclient import PromClient
-from kvwatch.core.rules import load_ruleset
+from kvwatch.core.rules import RuleSet, load_ruleset
 from kvwatch.core.signals import Signal
 from kvwatch.service.incremental import IncrementalEvaluator, splice
 
@@ -97,6 +98,10 @@ def _compare(inc: Evaluation, full: Evaluation, inc_data: FleetData, full_data: 
         mine = a[key]
         if mine.state != r.state:
             problems.append(f"{key}: state {mine.state.value} != {r.state.value}")
+        elif json.dumps(mine.to_json(), sort_keys=True) != json.dumps(r.to_json(), sort_keys=True):
+            problems.append(f"{key}: results differ (evidence, facts, blind spots or rule checks)")
+        if inc_data.ceilings.get(key) != full_data.ceilings.get(key):
+            problems.append(f"{key}: bucket ceilings {inc_data.ceilings.get(key)} != {full_data.ceilings.get(key)}")
         if [(d.mode, d.severity, d.summary) for d in mine.diagnoses] != [
                 (d.mode, d.severity, d.summary) for d in r.diagnoses]:
             problems.append(f"{key}: diagnoses differ")
@@ -106,12 +111,35 @@ def _compare(inc: Evaluation, full: Evaluation, inc_data: FleetData, full_data: 
     return problems
 
 
-def test_incremental_equals_full_fetch_on_a_live_simulator(live: str) -> None:
-    settings = load_settings(None, environ={}, overrides={
-        "prometheus": {"url": live, "timeout": "30s"},
+def _settings(url: str) -> Settings:
+    return load_settings(None, environ={}, overrides={
+        "prometheus": {"url": url, "timeout": "30s"},
         "evaluation": {"window": "2m", "step": f"{STEP:g}s", "rate_window": "20s", "latency_window": "100s",
                        "overlap": "10s"},
         "discovery": {"refresh_cycles": 3}})
+
+
+def _past_instant(live: str, back_steps: int) -> datetime:
+    """An aligned instant, waiting until Prometheus holds ``back_steps`` steps (and a bit) of scrapes."""
+    need = back_steps * STEP + 15
+    deadline = time.monotonic() + need + 60
+    while time.monotonic() < deadline:
+        res = requests.get(f"{live}/api/v1/query", params={"query": "min(count_over_time(up[10m]))"},
+                           timeout=5).json()["data"]["result"]
+        if res and float(res[0]["value"][1]) >= need:  # 1 s scrapes: scrapes held = seconds of history
+            break
+        time.sleep(2)
+    return datetime.fromtimestamp(math.floor((time.time() - 2.5) / STEP) * STEP, tz=UTC)
+
+
+def _full(live: str, settings: Settings, rules: RuleSet, at: datetime) -> tuple[Evaluation, FleetData]:
+    ref = PromClient(live, timeout_s=30)
+    full = evaluate(ref, settings, rules, at)
+    return full, collect_targets(ref, settings, rules, find_targets(ref, settings, at), at)
+
+
+def test_incremental_equals_full_fetch_on_a_live_simulator(live: str) -> None:
+    settings = _settings(live)
     rules = load_ruleset()
     inc = IncrementalEvaluator()
     client = PromClient(live, timeout_s=30)
@@ -125,11 +153,17 @@ def test_incremental_equals_full_fetch_on_a_live_simulator(live: str) -> None:
         time.sleep(1)
     time.sleep(10)  # part of the window filled: early cycles splice gaps, later ones data
     modes, problems = [], []
+    # a second service that ran the first cycle only and is called again at the last one: a gap
+    # of several steps (a paused service, a slow Prometheus) shorter than the window splices too
+    lagging = IncrementalEvaluator()
     for cycle, wait_steps in enumerate((0, 1, 2, 1, 3)):
         time.sleep(wait_steps * STEP)
         # a couple of seconds back: every scrape up to the instant is in Prometheus for both fetches
         at = datetime.fromtimestamp(math.floor((time.time() - 2.5) / STEP) * STEP, tz=UTC)
         got = inc(client, settings, rules, at)
+        if cycle == 0:
+            lagging(PromClient(live, timeout_s=30), settings, rules, at)
+            first_at = at
         ref_client = PromClient(live, timeout_s=30)
         full = evaluate(ref_client, settings, rules, at)
         targets = find_targets(ref_client, settings, at)
@@ -137,9 +171,36 @@ def test_incremental_equals_full_fetch_on_a_live_simulator(live: str) -> None:
         assert inc.data is not None
         problems += [f"cycle {cycle} ({inc.last_mode}): {p}" for p in _compare(got, full, inc.data, full_data)]
         modes.append((inc.last_mode, inc.last_steps, inc.last_discovered))
+    late = lagging(PromClient(live, timeout_s=30), settings, rules, at)
+    assert lagging.data is not None
+    problems += [f"after a gap: {p}" for p in _compare(late, full, lagging.data, full_data)]
+    gap = round((at - first_at).total_seconds() / STEP)
     assert not problems, "\n".join(problems[:20])
+    assert gap >= 7 and lagging.last_mode == "incremental" and lagging.last_steps >= gap + 2, (
+        gap, lagging.last_mode, lagging.last_steps)
     assert modes[0][0] == "full" and [m for m, _, _ in modes[1:]].count("incremental") >= 3, modes
     assert any(not d for _, _, d in modes[1:]), f"discovery never skipped: {modes}"
     assert all(s < 24 for m, s, _ in modes if m == "incremental"), modes  # a fraction of the 24-step window
     states = {r.state.value for r in got.results}
     assert len(got.results) >= len(PRESETS) and len(states) >= 2, states
+
+
+def test_a_rediscovered_target_is_fetched_whole_with_its_bucket_ceilings(live: str) -> None:
+    """A target whose discovery changed is fetched over the whole window, with everything a full
+    fetch measures for it (its histogram bounds included), while the others splice."""
+    settings, rules = _settings(live), load_ruleset()
+    at = _past_instant(live, 2)
+    inc, client = IncrementalEvaluator(), PromClient(live, timeout_s=30)
+    inc(client, settings, rules, datetime.fromtimestamp(at.timestamp() - 2 * STEP, tz=UTC))
+    assert inc.data is not None
+    with_ceilings = sorted((k for k, c in inc.data.ceilings.items() if c), key=lambda k: (k.job, k.instance))
+    assert with_ceilings, "the simulated fleet exports latency histograms"
+    # as if this target had not been there last cycle (a new replica, a changed dialect)
+    inc.data.targets.pop(with_ceilings[0])
+    inc.data.series.pop(with_ceilings[0], None)
+    inc.data.ceilings.pop(with_ceilings[0])
+    got = inc(client, settings, rules, at)
+    assert inc.last_mode == "incremental", inc.last_mode
+    full, full_data = _full(live, settings, rules, at)
+    problems = _compare(got, full, inc.data, full_data)
+    assert not problems, "\n".join(problems[:20])

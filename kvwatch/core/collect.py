@@ -14,7 +14,7 @@ import functools
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
@@ -272,24 +272,34 @@ def top_finite_le(rows: list[Series]) -> dict[TargetKey, float]:
     return out
 
 
-def _ceilings(
-    client: QueryClient, queries: dict[str, list[tuple[Signal, set[TargetKey], Source]]], user_matchers: str,
-    at: datetime, data: FleetData,
-) -> None:
-    """Record, per target and quantile signal, the bound ``histogram_quantile`` clamps to."""
-    fams: dict[str, list[tuple[Signal, set[TargetKey], Source]]] = defaultdict(list)
-    for uses in queries.values():
-        for sig, keys, src in uses:
+def bucket_ceilings(
+    client: QueryClient, targets: list[Target], user_matchers: str, at: datetime
+) -> dict[TargetKey, dict[Signal, float]]:
+    """Per target and quantile signal, the bound ``histogram_quantile`` clamps to (signal units).
+
+    One instant query per histogram family in use. A family Prometheus refuses leaves its
+    targets without a bound: quantiles stay as they are (never a reason to fail a cycle).
+    The answer depends on each target's own bucket series only, so measuring a superset
+    of targets gives every target the same bound.
+    """
+    uses: dict[tuple[Signal, Source], set[TargetKey]] = defaultdict(set)
+    for t in targets:
+        for sig, src in resolve(t).items():
             if src.kind is SourceKind.HIST_QUANTILE:
-                fams[bucket_query(src, user_matchers)].append((sig, keys, src))
-    for q, uses in sorted(fams.items()):
+                uses[(sig, src)].add(t.key)
+    fams: dict[str, list[tuple[Signal, set[TargetKey], Source]]] = defaultdict(list)
+    for (sig, src), keys in uses.items():
+        fams[bucket_query(src, user_matchers)].append((sig, keys, src))
+    out: dict[TargetKey, dict[Signal, float]] = {}
+    for q, fam in sorted(fams.items()):
         try:
             tops = top_finite_le(client.instant(q, at))
         except PrometheusBadResponse:
-            continue  # no bound known: quantiles stay as they are (never a reason to fail a cycle)
-        for sig, keys, src in uses:
+            continue
+        for sig, keys, src in fam:
             for key in keys & tops.keys():
-                data.ceilings.setdefault(key, {})[sig] = tops[key] * src.scale
+                out.setdefault(key, {})[sig] = tops[key] * src.scale
+    return out
 
 
 def collect(
@@ -306,6 +316,7 @@ def collect(
     range_signals: frozenset[Signal] | None = None,
     triton_model: str = "",
     hold_static: bool = True,
+    ceilings: Mapping[TargetKey, Mapping[Signal, float]] | None = None,
 ) -> FleetData:
     """Fetch every signal of every target over [at − window, at] on a ``step_s`` grid.
 
@@ -315,6 +326,8 @@ def collect(
     ``hold_static`` False fetches static signals (pool size, max concurrency) over the
     window too: a backtest replays every instant of a long span, and a value read at its
     end would leak into earlier steps (a cap cut and restored inside the span).
+    ``ceilings`` (default: measured now with :func:`bucket_ceilings`) are the histogram
+    bounds when the caller already knows them (the service refreshes them with discovery).
     """
     end = at.timestamp()
     n = int(window_s // step_s)
@@ -362,7 +375,9 @@ def collect(
 
     with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
         answers = list(pool.map(run, sorted(queries)))
-    _ceilings(client, queries, user_matchers, at, data)
+    if ceilings is None:
+        ceilings = bucket_ceilings(client, targets, user_matchers, at)
+    data.ceilings = {t.key: dict(ceilings[t.key]) for t in targets if t.key in ceilings}
     # vllm:cache_config_info: one pool per data-parallel engine; a config change within
     # the window gives an engine several rows (keep its largest), engines are summed.
     pools: dict[tuple[TargetKey, Signal], dict[str, np.ndarray]] = defaultdict(dict)

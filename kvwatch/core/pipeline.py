@@ -7,21 +7,23 @@ diagnosis on the parts it fetches.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 
 from kvwatch.config import Settings
-from kvwatch.core.collect import collect, instances_matcher, join_matchers
+from kvwatch.core.collect import bucket_ceilings, collect, instances_matcher, join_matchers
 from kvwatch.core.diagnose import Params, diagnose
 from kvwatch.core.discover import discover
 from kvwatch.core.explain import explain_keys
 from kvwatch.core.frame import FleetData
-from kvwatch.core.models import Evaluation, Target
+from kvwatch.core.models import Evaluation, Target, TargetKey
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.rules import RuleSet
 from kvwatch.core.scrape import detect_interval, rate_window
 from kvwatch.core.selector import parse_selector, render_matchers
 from kvwatch.core.shard import Shard
+from kvwatch.core.signals import Signal
 from kvwatch.durations import format_duration
 
 
@@ -38,22 +40,55 @@ def find_targets(client: QueryClient, settings: Settings, at: datetime) -> list[
     return shard.select(targets) if shard.active else targets
 
 
+@dataclass(frozen=True)
+class Probes:
+    """What collection measures besides the signals; both change rarely.
+
+    ``interval_s``: the scrape interval (``core/scrape.py``; None: not measurable), which
+    widens the rate and latency windows. ``ceilings``: per target and quantile signal the
+    highest finite histogram bound in signal units (``collect.bucket_ceilings``).
+    """
+
+    interval_s: float | None
+    ceilings: Mapping[TargetKey, Mapping[Signal, float]]
+
+
+def _matchers(settings: Settings, targets: list[Target], only_these: bool) -> str:
+    matchers = scope_matchers(settings)
+    if only_these or settings.shard.count > 1:
+        matchers = join_matchers(matchers, instances_matcher([t.key for t in targets]))
+    return matchers
+
+
+def measure_probes(client: QueryClient, settings: Settings, targets: list[Target], at: datetime) -> Probes:
+    """The scrape interval and bucket ceilings of ``targets`` at ``at``, as a full fetch measures them.
+
+    Costs one raw-sample probe per KV usage family and one instant query per histogram family.
+    """
+    if not targets:
+        return Probes(None, {})
+    matchers = _matchers(settings, targets, False)
+    return Probes(detect_interval(client, at, targets, matchers), bucket_ceilings(client, targets, matchers, at))
+
+
 def collect_targets(
     client: QueryClient, settings: Settings, rules: RuleSet, targets: list[Target], at: datetime,
-    window_s: float | None = None, only_these: bool = False,
+    window_s: float | None = None, only_these: bool = False, probes: Probes | None = None,
 ) -> FleetData:
     """Collect ``targets`` over ``window_s`` (default: the evaluation window) ending at ``at``.
 
     ``only_these`` (always when sharded) restricts every query to these targets'
-    instances, so Prometheus evaluates only their series.
+    instances, so Prometheus evaluates only their series. ``probes`` (default: measured
+    now) are the scrape interval and bucket ceilings when the caller already has them.
     """
     ev = settings.evaluation
-    matchers = scope_matchers(settings)
-    if only_these or settings.shard.count > 1:
-        matchers = join_matchers(matchers, instances_matcher([t.key for t in targets]))
+    matchers = _matchers(settings, targets, only_these)
     # counters and histograms need >= 4 samples per window: widen the configured windows
     # when the data are scraped slowly (Grafana's $__rate_interval)
-    interval = detect_interval(client, at, targets, matchers) if targets else None
+    if probes is not None:
+        interval = probes.interval_s
+    else:
+        interval = detect_interval(client, at, targets, matchers) if targets else None
     rate_s, latency_s = rate_window(ev.rate_window, interval), rate_window(ev.latency_window, interval)
     data = collect(
         client,
@@ -67,6 +102,7 @@ def collect_targets(
         user_matchers=matchers,
         max_concurrency=settings.prometheus.max_concurrency,
         triton_model=settings.discovery.triton_model,
+        ceilings=None if probes is None else probes.ceilings,
     )
     data.rate_window_s, data.scrape_interval_s = rate_s, interval
     return data

@@ -19,6 +19,13 @@ steps in. The result equals a full fetch at the same instant
   a count cannot see (a model label renamed; a stale target leaving the window).
   Between those, a target that stopped shows up at once (its series go stale, so
   the count drops); targets whose discovery changed are fetched whole.
+* The scrape interval (which widens rate windows) and each histogram's bucket layout
+  (the bound a quantile clamps to) are measured with discovery, for the whole fleet
+  as a full fetch measures them, and reused until the next discovery: both are
+  configuration, and re-reading them every cycle cost more Prometheus CPU than the
+  new steps. A change between discoveries shows up at the next one (at most
+  ``discovery.refresh_cycles`` cycles late); ``once`` and ``backtest`` measure them on
+  every evaluation.
 * The first cycle, a gap longer than the window, or any change of the
   evaluation/discovery/shard settings or the rules' signals fetches everything.
 """
@@ -44,7 +51,14 @@ from kvwatch.core.collect import (
 from kvwatch.core.discover import fingerprint_query
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Evaluation, Target, TargetKey
-from kvwatch.core.pipeline import collect_targets, counted, find_targets, scope_matchers
+from kvwatch.core.pipeline import (
+    Probes,
+    collect_targets,
+    counted,
+    find_targets,
+    measure_probes,
+    scope_matchers,
+)
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.rules import RuleSet
 from kvwatch.core.scrape import rate_window
@@ -110,9 +124,10 @@ class IncrementalEvaluator:
     _since_discovery: int = 0
     _data: FleetData | None = None
     _modes: Modes = field(default_factory=dict)
+    _probes: Probes | None = None
 
     def reset(self) -> None:
-        self._targets, self._fingerprint, self._data, self._modes = None, None, None, {}
+        self._targets, self._fingerprint, self._data, self._modes, self._probes = None, None, None, {}, None
 
     @property
     def data(self) -> FleetData | None:
@@ -165,6 +180,11 @@ class IncrementalEvaluator:
         hold = _latency_hold(format_duration(kept_windows[1]), step)
         if hold > 1 and 0 <= m < n:  # step back to a slot whose step number is a multiple of hold
             m += int(np.rint(grid[n - m] / step)) % hold
+        # scrape interval and bucket layouts change rarely: measured with discovery, for the
+        # whole fleet at once (as a full fetch measures them), and reused in between
+        if self.last_discovered or self._probes is None:
+            self._probes = measure_probes(client, settings, targets, at)
+        probes = self._probes
         unchanged = [t for t in targets if old_targets.get(t.key) == t]
         changed = [t for t in targets if old_targets.get(t.key) != t]
         full = (
@@ -173,12 +193,12 @@ class IncrementalEvaluator:
         )
         short = None
         if not full:
-            short = collect_targets(client, settings, rules, unchanged, at, window_s=m * step)
+            short = collect_targets(client, settings, rules, unchanged, at, window_s=m * step, probes=probes)
             # the measured scrape interval widened or narrowed the rate/latency windows: the kept
             # steps were computed with other windows, so nothing can be spliced
             full = self._windows(ev, short) != kept_windows
         if full:
-            data = collect_targets(client, settings, rules, targets, at)
+            data = collect_targets(client, settings, rules, targets, at, probes=probes)
             self._modes = signal_modes(targets, settings, rules)
             self.last_mode, self.last_steps = "full", n
         else:
@@ -188,9 +208,10 @@ class IncrementalEvaluator:
             hold_src = _hold_index(n + 1, first_coarse_slot(grid, step, hold), hold)
             data = splice(old, short, grid, self._modes, hold_src)
             if changed:  # new or re-discovered targets: their whole window, only their series
-                whole = collect_targets(client, settings, rules, changed, at, only_these=True)
+                whole = collect_targets(client, settings, rules, changed, at, only_these=True, probes=probes)
                 data.series.update(whole.series)
                 data.targets.update(whole.targets)
+                data.ceilings.update(whole.ceilings)
             for t in targets:
                 data.sourced[t.key] = set(resolve(t))
             data.targets = {t.key: t for t in targets}
