@@ -20,7 +20,7 @@ import json
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import requests
 from support.fake_slack import FakeSlack, fake_slack
+from support.polling import wait
 from support.prom import kvwatch_port, prometheus, require_binary
 from test_service_e2e import TOKEN, clean_env, spawn
 
@@ -39,17 +40,6 @@ FOR_S = 20.0
 ROLLOUT_JOB = "llm/rollout"
 MODES_JOB = "kvwatch-modes"
 DEADLINE_JOB = "kvwatch-deadline"
-
-
-def wait(what: str, probe: Callable[[], Any], limit_s: float, show: Callable[[], Any] = lambda: "") -> Any:
-    end = time.monotonic() + limit_s
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {limit_s:g}s waiting for {what} {show()}")
-        time.sleep(0.3)
 
 
 @dataclass

@@ -22,14 +22,16 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 from support.fake_slack import FakeSlack, fake_slack
+from support.polling import wait as poll
 from support.prom import prometheus, require_binary
 from test_service_e2e import FIXTURES, TOKEN, clean_env, spawn
 
@@ -39,15 +41,8 @@ JOB = "kvwatch-crash"
 SCENARIOS = ("before-post", "after-post", "after-record", "corrupt", "unwritable")
 
 
-def wait(what: str, probe: Callable[[], Any], limit_s: float, show: Callable[[], Any] = lambda: "") -> Any:
-    end = time.monotonic() + limit_s
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {limit_s:g}s waiting for {what} {show()}")
-        time.sleep(0.2)
+#: the kill scenarios poll a little faster than the shared default
+wait = partial(poll, poll_s=0.2)
 
 
 class Killer:
