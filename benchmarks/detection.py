@@ -73,23 +73,9 @@ class Measured:
 
 def _draw(job: tuple[str | None, int, str, float]) -> tuple[PhasedTarget, TargetRun, int]:
     fault, seed, dialect, end_time = job
-    if not FAULT_S:
-        _fault_lengths()
-    after = TOTAL_S - HEALTHY_S - (FAULT_S[fault] if fault else 0.0)
-    return draw(fault, seed, Dialect(dialect), end_time=end_time, healthy_s=HEALTHY_S, after_s=after,
+    # a fixed total: each schedule's change lands at the replay's first step (the after-phase takes the rest)
+    return draw(fault, seed, Dialect(dialect), end_time=end_time, healthy_s=HEALTHY_S, total_s=TOTAL_S,
                 warmup_s=WARMUP_S)
-
-
-#: fault durations are fixed per fault by kvwatch.sim.phases; read them once from a build
-FAULT_S: dict[str, float] = {}
-
-
-def _fault_lengths() -> None:
-    from kvwatch.sim.phases import build
-
-    for f in FAULTS:
-        p = build(f, 0, Dialect.VLLM_0_10, healthy_s=HEALTHY_S, warmup_s=WARMUP_S)
-        FAULT_S[f] = p.recover_at - p.fault_at
 
 
 def _wall(run: TargetRun, sim_t: float) -> float:
@@ -236,7 +222,6 @@ def report(ms: list[Measured]) -> str:
 
 def run(work: Path, seeds: list[int], dialects: list[str], controls: int, faults: Sequence[str] = tuple(FAULTS)
         ) -> tuple[list[Measured], dict[str, float]]:
-    _fault_lengths()
     end_time = default_end_time()
     jobs: list[tuple[str | None, int, str, float]] = []
     for s in seeds:

@@ -309,3 +309,49 @@ def test_explain_lists_every_condition_and_the_near_miss() -> None:
     # without explain nothing extra is recorded (the fleet-wide path stays cheap)
     (plain,) = diagnose(targets, data, RULES, params)
     assert plain.state is r.state and all(not c.conditions for c in plain.checks)
+
+
+def _fill_drain_refill(peak_queue: float, refill_queue: float) -> dict[Signal, np.ndarray]:
+    """Healthy at 60 % for most of the window, then one 5-minute cycle (2 min pinned with a
+    queue, 3 min drained) and the next fill under way for 2.5 min: 1.5 periods after the change."""
+    usage, waiting, running = const(0.6), const(0), 40 + np.random.default_rng(1).integers(-5, 5, N).astype(float)
+    k = N - 15
+    usage[k:k + 4], waiting[k + 1:k + 4], running[k:k + 4] = 0.98, peak_queue, 90
+    usage[k + 4:k + 10], running[k + 4:k + 10] = 0.05, 3
+    usage[k + 10:], waiting[k + 11:], running[k + 10:] = 0.98, refill_queue, 90
+    return base(kv_usage=usage, waiting=waiting, running=running, preemptions=const(0))
+
+
+def test_oscillation_is_named_at_the_first_refill_with_a_queue_at_both_peaks() -> None:
+    """Issue 11: oscillation within 2 periods. Fill, drain and a second fill with requests
+    queued at both peaks is the repeated fill-and-drain; waiting for the second drain (two
+    completed cycles) lands near 2 periods. Without a queue at the refill it is not named."""
+    r = run({"t": _fill_drain_refill(40.0, 40.0)})["t"]
+    assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+    calm = run({"t": _fill_drain_refill(40.0, 0.0)})["t"]  # the second fill takes no queue: a burst, then load
+    assert calm.state is not FailureMode.OSCILLATING
+
+
+def test_a_refill_that_stays_pinned_for_minutes_is_still_oscillation_not_full() -> None:
+    """The second peak of a slow oscillation stays pinned with a growing queue for 3+ minutes,
+    which alone reads as full (fast rule); the drained first cycle before it says otherwise."""
+    usage, waiting, running = const(0.6), const(0), 40 + np.random.default_rng(1).integers(-5, 5, N).astype(float)
+    k = N - 20
+    usage[k:k + 6], waiting[k + 1:k + 6], running[k:k + 6] = 0.98, 30, 90
+    usage[k + 6:k + 12], running[k + 6:k + 12] = 0.05, 3
+    usage[k + 12:], running[k + 12:] = 0.98, 90
+    waiting[k + 13:] = np.linspace(10, 80, N - k - 13)
+    r = run({"t": base(kv_usage=usage, waiting=waiting, running=running)})["t"]
+    assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+
+
+def test_running_pinned_at_a_cap_cut_minutes_ago_is_not_fragmented() -> None:
+    """max_num_seqs cut 9 minutes ago (no cap exported): running sits at its new ceiling of 8
+    with KV free and a queue. The 10m span still holds the busier minute before the cut, so
+    "running near its span maximum" fails; the new ceiling must still rule out fragmented."""
+    running = 140 + np.random.default_rng(2).integers(-20, 10, N).astype(float)
+    usage, waiting = const(0.3), const(0)
+    k = N - 18
+    running[k:], usage[k:], waiting[k:] = 8, 0.02 + 0.01 * np.random.default_rng(3).random(N - k), 30
+    r = run({"t": base(kv_usage=usage, waiting=waiting, running=running)})["t"]
+    assert r.state is not FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]

@@ -106,3 +106,23 @@ def test_fill_drain_counts_swings_relative_to_the_peak_and_sustained_cycles_need
     assert REGISTRY["cycles"].series(blips, 1.0) == 3.0
     assert REGISTRY["sustained_cycles"].series(blips, 1.0) == 0.0
     assert REGISTRY["sustained_cycles"].series(held, 1.0) == 3.0
+    # episodes also count the excursion under way: fill, drain, fill again = 2 while the refill lasts
+    refill = SeriesStats(t, np.array([0, 3, 5, 0, 0, 0, 0, 0, 4, 6, 7, 8], dtype=float))
+    assert REGISTRY["sustained_cycles"].series(refill, 1.0) == 1.0
+    assert REGISTRY["sustained_episodes"].series(refill, 1.0) == 2.0
+    assert REGISTRY["sustained_episodes"].series(blips, 1.0) == 0.0  # one-scrape blips still are not episodes
+    refilling = SeriesStats(t, np.array([4, 30, 32, 32, 5, 4, 31, 32, 4, 4, 28, 30], dtype=float))
+    assert REGISTRY["fill_drain"].series(refilling, 0.5) == 2.0
+    assert REGISTRY["fill_drain_episodes"].series(refilling, 0.5) == 3.0
+
+
+def test_pinned_tail_reads_how_long_the_current_ceiling_has_held() -> None:
+    """A cap cut inside the span: 148 → 8 held for the last 8 of 12 samples is a new ceiling
+    for 2/3 of the span, which frac_near_max over the whole span (max 150) cannot see."""
+    t = np.arange(12, dtype=float) * 30
+    cut = SeriesStats(t, np.array([148, 123, 150, 144, 8, 8, 8, 7, 8, 8, 8, 8], dtype=float))
+    assert REGISTRY["pinned_tail"].series(cut, 0.02) == pytest.approx(8 / 12)  # 7 ↔ 8 is the 1-unit floor
+    assert REGISTRY["frac_near_max"].series(cut, 0.02) == pytest.approx(2 / 12)  # 148 and 150 only
+    varying = SeriesStats(t, np.array([20, 24, 17, 21, 25, 19, 22, 16, 23, 18, 24, 20], dtype=float))
+    assert REGISTRY["pinned_tail"].series(varying, 0.02) == pytest.approx(1 / 12)
+    assert REGISTRY["pinned_tail"].series(SeriesStats(t, np.zeros(12)), 0.02) == 0.0  # nothing running

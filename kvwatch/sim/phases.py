@@ -173,11 +173,18 @@ def valid(target: PhasedTarget, labels: tuple[Label, Label, Label]) -> bool:
 
 
 def draw(fault: str | None, seed: int, dialect: Dialect, *, end_time: float, attempts: int = 12,
-         **kw: float) -> tuple[PhasedTarget, TargetRun, int]:
+         total_s: float | None = None, **kw: float) -> tuple[PhasedTarget, TargetRun, int]:
     """A schedule whose ground truth shows what it should (redrawn up to ``attempts`` times);
-    returns it, its run and the number of redraws."""
+    returns it, its run and the number of redraws.
+
+    ``total_s`` (s, warm-up excluded) fixes the run's length: the after-phase takes what the
+    drawn fault leaves, so every schedule's change lands at the same instant before
+    ``end_time`` (an oscillation lasts 5 periods, so its length varies with the draw)."""
     for k in range(attempts):
         target = build(fault, seed * 100 + k, dialect, **kw)
+        if total_s is not None:
+            fault_s = 0.0 if math.isinf(target.recover_at) else target.recover_at - target.fault_at
+            kw = {**kw, "after_s": total_s - kw.get("healthy_s", 1200.0) - fault_s}
         run_ = run(target, end_time=end_time, **kw)
         if valid(target, check(target, run_)):
             return replace(target, recovered_at=recovered_at(target, run_)), run_, k

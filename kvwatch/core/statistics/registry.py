@@ -106,19 +106,20 @@ def _opt_float(x: float | int | None) -> float | None:
     return None if x is None else float(x)
 
 
-def _cycles(dwell: int) -> SeriesFn:
+def _cycles(dwell: int, open_end: bool = False) -> SeriesFn:
     # excursions to >= arg and back to <= arg/2; sustained (dwell 2): held two samples,
-    # so a queue caught for one scrape is not a pressure episode
+    # so a queue caught for one scrape is not a pressure episode; open_end: *_episodes
+    # also count the excursion still under way at the end of the span
     def fn(st: SeriesStats, arg: float | None) -> float | None:
         hi, lo = (arg, arg / 2) if isinstance(arg, int | float) else (0.85, 0.4)
-        return _opt_float(st.cycles(hi, lo, dwell))
+        return _opt_float(st.cycles(hi, lo, dwell, open_end))
 
     return fn
 
 
-def _swings(dwell: int) -> SeriesFn:
+def _swings(dwell: int, open_end: bool = False) -> SeriesFn:
     # sustained (dwell 2): the pool stays full for at least two consecutive samples
-    return lambda st, arg: _opt_float(st.swings(arg if arg is not None else 0.3, dwell))
+    return lambda st, arg: _opt_float(st.swings(arg if arg is not None else 0.3, dwell, open_end))
 
 
 def _quantile_stat(name: str, q: float) -> Statistic:
@@ -154,6 +155,7 @@ _TABLE: tuple[Statistic, ...] = (
         "frac_near_max", False, _frac_near_max, lambda st, arg: st.frac_near_max(0.05 if arg is None else arg)
     ),
     # walks along one series: no fleet kernel
+    Statistic("pinned_tail", False, None, lambda st, arg: st.pinned_tail(0.02 if arg is None else arg)),
     Statistic("period", False, None, lambda st, arg: st.period),
     Statistic("periodicity", False, None, lambda st, arg: st.periodicity),
     Statistic("cycles", False, None, _cycles(1)),
@@ -162,6 +164,14 @@ _TABLE: tuple[Statistic, ...] = (
     Statistic("fill_drain", False, None, lambda st, arg: _opt_float(st.fill_drain(0.5 if arg is None else arg))),
     Statistic("swings", False, None, _swings(1)),
     Statistic("sustained_swings", False, None, _swings(2)),
+    # episodes: like the above, plus the excursion under way at the end of the span (a refill
+    # that has not drained yet), so "fill, drain, fill again" counts 2 during the second peak
+    Statistic("sustained_episodes", False, None, _cycles(2, open_end=True)),
+    Statistic("swing_episodes", False, None, _swings(1, open_end=True)),
+    Statistic(
+        "fill_drain_episodes", False, None,
+        lambda st, arg: _opt_float(st.fill_drain(0.5 if arg is None else arg, open_end=True)),
+    ),
 )
 
 #: every statistic by name

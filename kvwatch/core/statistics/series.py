@@ -124,6 +124,27 @@ class SeriesStats:
             return 0.0
         return np.count_nonzero(self.v >= top - max(top * tol, 1.0)) / len(self.v)
 
+    def pinned_tail(self, tol: float = 0.02) -> float | None:
+        """Share of the span, counted back from its end, during which the signal sat at one
+        ceiling: the longest suffix whose samples all lie within ``tol`` (relative, but at
+        least 1 unit, as :meth:`frac_near_max`) of that suffix's maximum. A cap changed inside
+        the span (max_num_seqs cut) starts a new ceiling, which ``frac_near_max`` over the
+        whole span misses; 0.0 when the last value is ≤ 0 (nothing running is no ceiling)."""
+        n = len(self.v)
+        if not n:
+            return None
+        vals = self.v.tolist()
+        hi = lo = vals[-1]
+        if hi <= 0:
+            return 0.0
+        k = 0
+        for x in reversed(vals):
+            hi, lo = max(hi, x), min(lo, x)
+            if hi - lo > max(hi * tol, 1.0):
+                break
+            k += 1
+        return k / n
+
     @_memo
     def slope(self) -> float | None:
         """Least-squares trend in units per minute (None with < MIN_SAMPLES samples)."""
@@ -131,11 +152,14 @@ class SeriesStats:
             return None
         return _ls_slope(self.ts / 60.0, self.v)
 
-    def cycles(self, high: float, low: float, dwell: int = 1) -> int | None:
+    def cycles(self, high: float, low: float, dwell: int = 1, open_end: bool = False) -> int | None:
         """Completed excursions: ≥ ``dwell`` consecutive samples ≥ high, then a sample ≤ low.
 
         Hysteresis between ``low`` and ``high`` ignores wiggles in the middle band;
         ``dwell`` > 1 ignores one-sample spikes (a scrape caught mid-burst).
+        ``open_end`` also counts an excursion still under way at the end of the span (held
+        ``dwell`` samples, not drained yet): "episodes" rather than completed cycles, so a
+        fill, a drain and a second fill count 2 while the second peak lasts.
         """
         if not len(self.v):
             return None
@@ -149,9 +173,9 @@ class SeriesStats:
                 if x <= low and armed:
                     n += 1
                     armed = False
-        return n
+        return n + (1 if open_end and armed else 0)
 
-    def swings(self, min_range: float = 0.3, dwell: int = 1) -> int | None:
+    def swings(self, min_range: float = 0.3, dwell: int = 1, open_end: bool = False) -> int | None:
         """Completed fill/drain excursions relative to the span's own range.
 
         An excursion rises into the top 30 % of [min, max] and drains back into the
@@ -164,9 +188,9 @@ class SeriesStats:
         span = hi - lo
         if span < min_range:
             return 0
-        return self.cycles(hi - 0.3 * span, lo + 0.3 * span, dwell)
+        return self.cycles(hi - 0.3 * span, lo + 0.3 * span, dwell, open_end)
 
-    def fill_drain(self, share: float = 0.5) -> int | None:
+    def fill_drain(self, share: float = 0.5, open_end: bool = False) -> int | None:
         """Completed fill-and-drain excursions relative to the span's own peak.
 
         Like :meth:`swings` (top 30 % of [min, max], then bottom 30 %), but the range
@@ -179,7 +203,7 @@ class SeriesStats:
         span = hi - lo
         if hi <= 0 or span < share * hi:
             return 0
-        return self.cycles(hi - 0.3 * span, lo + 0.3 * span)
+        return self.cycles(hi - 0.3 * span, lo + 0.3 * span, open_end=open_end)
 
     @_memo
     def _periodogram(self) -> tuple[float, float] | None:
