@@ -106,14 +106,20 @@ def report(doc: dict, rep: HonestReport, fired: set[tuple[str, str]], timing: di
     out.append(f"abstentions (unknown where the target cannot export what decides it): {len(rep.abstentions())}")
     out.append("")
     out.append(f"{'variant':<22} {'n':>4} {'macro-F1':>8} {'accuracy':>8} {'unknown':>7} {'healthy flagged':>15}"
-               f" {'queue→healthy':>13} {'fail→healthy':>12} {'abstained':>9}")
+               f" {'queue→healthy':>13} {'fail→healthy':>12} {'abstained':>9} {'base, same':>10}"
+               f" {'changed':>7} {'→healthy':>8}")
     for vdoc in doc["variants"]:
         name = vdoc["name"]
         m = rep.modes(name)
         unknown = sum(1 for v in rep.scored(name) if v.got == "unknown")
+        same, changed, to_healthy = rep.against_base(name)
         out.append(f"{name:<22} {m.total:>4} {m.macro_f1:>8.3f} {m.accuracy:>8.3f} {unknown:>7}"
                    f" {len(rep.healthy_flagged(name)):>15} {len(rep.queue_called_healthy(name)):>13}"
-                   f" {len(rep.failure_called_healthy(name)):>12} {len(rep.abstentions(name)):>9}")
+                   f" {len(rep.failure_called_healthy(name)):>12} {len(rep.abstentions(name)):>9}"
+                   f" {same.macro_f1:>10.3f} {len(changed):>7} {len(to_healthy):>8}")
+    out.append("(base, same: macro-F1 of the base verdicts on the targets scored in that variant, so a"
+               " low figure with it is the draw, not the perturbation; changed / →healthy: verdicts"
+               " that differ from the same target's base verdict)")
     out.append("")
     causes = rep.causes()
     out.append("idle sub-causes (expected → got):")
@@ -127,10 +133,18 @@ def report(doc: dict, rep: HonestReport, fired: set[tuple[str, str]], timing: di
     if misses:
         out.append("")
         out.append(f"misclassified ({len(misses)}):")
-        for v in sorted(misses, key=lambda v: (v.expected, v.variant, v.instance))[:80]:
+        for v in sorted(misses, key=lambda v: (v.expected, v.variant, v.instance)):
             t = next(t for t in doc["targets"] if t["instance"] == v.instance)
             out.append(f"  {v.variant:<20} {v.instance:<36} expected {v.expected:<20} got {v.got:<20}"
                        f" {v.rule:<26} [{t['draw']}]")
+    base = {v.instance: v.got for v in rep.verdicts if v.variant == "base"}
+    changed = [v for vdoc in doc["variants"] if vdoc["name"] != "base" for v in rep.against_base(vdoc["name"])[1]]
+    if changed:
+        out.append("")
+        out.append(f"verdicts changed by a perturbation ({len(changed)}; variant, target, expected: base → variant):")
+        for v in changed:
+            out.append(f"  {v.variant:<20} {v.instance:<36} {v.expected:<20} {base[v.instance]:<20} → {v.got:<20}"
+                       f"{' (abstention)' if v.abstained else ''}")
     return "\n".join(out)
 
 

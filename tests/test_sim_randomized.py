@@ -11,7 +11,9 @@ import pytest
 from kvwatch.sim.fleet import make_targets, simulate
 from kvwatch.sim.honest import blind_to, score_corpus
 from kvwatch.sim.mechanism import label_trace
-from kvwatch.sim.perturb import BASE, Variant, lacking, write_variants
+from kvwatch.core.dialects import DIALECT_BY_ID
+from kvwatch.core.signals import Signal
+from kvwatch.sim.perturb import BASE, Variant, lacking, optional_families, write_variants
 from kvwatch.sim.randomized import build, draw_target
 from kvwatch.sim.vocab import Dialect, IdleCause, Mode
 
@@ -73,6 +75,18 @@ def test_dropping_a_signal_removes_exactly_its_series(tmp_path: Path) -> None:
     assert lacking(Dialect.TRTLLM_TRITON, Variant("no-waiting", drop="waiting")) >= {"waiting", "ttft"}
 
 
+@pytest.mark.parametrize("dialect", [Dialect.TGI, Dialect.DYNAMO_FRONTEND])
+def test_a_kv_proxy_over_the_capacity_gauge_is_lost_with_it(dialect: Dialect) -> None:
+    # these engines export no KV gauge: kvwatch divides a token/block count by the capacity
+    # gauge, so a target without capacity shows no KV usage either (and may abstain)
+    capacity = {f.partition("{")[0] for f in optional_families(dialect)["capacity"]}
+    (kv,) = DIALECT_BY_ID[dialect.value].sources[Signal.KV_USAGE]
+    assert capacity & set(kv.requires), kv.requires
+    assert "kv_usage" in lacking(dialect, Variant("no-capacity", drop="capacity"))
+    assert "kv_usage" not in lacking(dialect, Variant("no-ttft", drop="ttft"))
+    assert "kv_usage" not in lacking(Dialect.VLLM_0_10, Variant("no-capacity", drop="capacity"))
+
+
 def test_coarser_scrapes_resets_and_churn(tmp_path: Path) -> None:
     spec = make_targets("full", Dialect.VLLM_0_10, 0, run_s=2000)[0]
     run = simulate(spec, duration_s=1800, end_time=END)
@@ -97,6 +111,9 @@ def test_exemptions_are_narrow() -> None:
     assert blind_to("misread", frozenset({"ttft"})) == {"ttft"}
     assert blind_to("healthy", frozenset({"queue_time", "capacity"})) == frozenset()
     assert blind_to("healthy", frozenset({"ttft"})) == {"ttft"}  # the tail cannot be ruled out
+    # fragmented and batch-limited differ only in whether running sits at its cap
+    assert blind_to("fragmented", frozenset({"running"})) == blind_to("idle/batch_limited", frozenset({"running"}))
+    assert blind_to("fragmented", frozenset({"token_counters", "request_counters"})) == frozenset()
 
 
 def test_score_counts_unknown_as_a_miss_unless_exempt(tmp_path: Path) -> None:

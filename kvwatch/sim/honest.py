@@ -26,8 +26,9 @@ DECIDING: dict[str, tuple[frozenset[str], ...]] = {
     "healthy": (frozenset({"kv_usage"}), frozenset({"ttft"}), frozenset({"waiting"})),
     "full": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"})),
     "oscillating": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"})),
-    "fragmented": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"}),
-                   frozenset({"running", "token_counters", "request_counters"})),
+    # a policy stall and a max_num_seqs ceiling look alike (free KV, a queue) but for whether
+    # running sits at its cap: without the running gauge neither can be told from the other
+    "fragmented": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"}), frozenset({"running"})),
     "misread": (frozenset({"ttft"}),),
     "idle/low_demand": (frozenset({"kv_usage"}),),
     "idle/batch_limited": (frozenset({"kv_usage"}), frozenset({"waiting"}), frozenset({"running"})),
@@ -99,6 +100,16 @@ class HonestReport:
 
     def abstentions(self, variant: str | None = None) -> list[Verdict]:
         return [v for v in self.verdicts if v.abstained and (variant is None or v.variant == variant)]
+
+    def against_base(self, variant: str) -> tuple[Report, list[Verdict], list[Verdict]]:
+        """The perturbation's own effect, free of which targets it was drawn on: (the base
+        variant's scores on the same targets — those scored in ``variant`` —, the verdicts
+        that changed from base, those that changed to ``healthy``)."""
+        base = {v.instance: v for v in self.verdicts if v.variant == "base"}
+        mine = [v for v in self.verdicts if v.variant == variant and v.instance in base]
+        same = score(base[v.instance].mode_pair for v in mine if not v.abstained)
+        changed = [v for v in mine if v.got != base[v.instance].got]
+        return same, changed, [v for v in changed if v.got == "healthy"]
 
     def misses(self) -> list[Verdict]:
         return [v for v in self.scored() if v.expected != v.got]

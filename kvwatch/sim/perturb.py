@@ -127,6 +127,14 @@ _NOT_EXPORTED: dict[Dialect, frozenset[str]] = {
 }
 
 
+#: optional signals whose loss also takes KV usage away: TGI and Dynamo's frontend export no
+#: KV gauge, their KV usage is a proxy divided by the capacity gauge (kvwatch/core/dialects)
+_KV_OVER: dict[Dialect, frozenset[str]] = {
+    Dialect.TGI: frozenset({"capacity"}),
+    Dialect.DYNAMO_FRONTEND: frozenset({"capacity"}),
+}
+
+
 @dataclass(frozen=True)
 class Variant:
     """One perturbation: ``drop`` an optional signal, keep every ``every``-th scrape (15 s
@@ -152,6 +160,8 @@ def lacking(dialect: Dialect, variant: Variant) -> frozenset[str]:
     out = set(_NOT_EXPORTED.get(dialect, frozenset()))
     if variant.drop:
         out.add(variant.drop)
+        if variant.drop in _KV_OVER.get(dialect, frozenset()):
+            out.add("kv_usage")
     return frozenset(out)
 
 
