@@ -206,14 +206,32 @@ def test_pinned_kv_with_pressure_signals_missing_is_unknown_and_urgent() -> None
 
 
 def test_queue_with_progress_unknown_is_unknown_not_healthy() -> None:
-    """Thousands waiting, nothing running, token progress not exported: stalled cannot be ruled out."""
+    """Thousands waiting, nothing running, progress not exported (neither tokens nor finished
+    requests counted): stalled cannot be ruled out."""
     sigs = base(kv_usage=const(0.02), running=const(0), waiting=const(3000))
-    del sigs[Signal.GEN_TPS]
+    del sigs[Signal.GEN_TPS], sigs[Signal.REQUEST_RATE]
     r = run({"t": sigs})["t"]
     assert r.state is FailureMode.UNKNOWN
     idle = r.mode_verdict(FailureMode.IDLE)
     assert idle is not None and idle.verdict is Verdict.UNDECIDABLE and idle.points
     assert "gen_tps" in r.blocking
+
+
+@pytest.mark.parametrize(("name", "request_rate"), [
+    ("idle-stalled", 0.0),  # nothing finishes while requests wait: stalled, told by the request counter
+    ("idle-batch-limited", 4.0),  # requests finish: progress, so the queue has another cause
+    ("fragmented", 4.0),
+    ("idle-low-demand", 4.0),
+])
+def test_progress_and_demand_fall_back_to_request_counters(name: str, request_rate: float) -> None:
+    """An engine without token counters (issue 11 item 2): finished requests per second say
+    whether it makes progress, and the verdict is the one the token counters give."""
+    sigs, mode, cause = CASES[name]
+    sigs = {**sigs, Signal.REQUEST_RATE: const(request_rate)}
+    del sigs[Signal.GEN_TPS], sigs[Signal.PROMPT_TPS]
+    r = run({"t": sigs})["t"]
+    assert (r.state, (r.primary.cause if r.primary else None) or None) == (mode, cause or None), r.primary
+    assert "gen_tps" not in r.blocking
 
 
 def test_persistent_queue_is_never_healthy() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvwatch.core.dialects import DIALECT_BY_ID
+from kvwatch.core.signals import Signal
 from kvwatch.sim.fleet import make_targets, simulate
 from kvwatch.sim.honest import blind_to, score_corpus
 from kvwatch.sim.mechanism import label_trace
-from kvwatch.core.dialects import DIALECT_BY_ID
-from kvwatch.core.signals import Signal
 from kvwatch.sim.perturb import BASE, Variant, lacking, optional_families, write_variants
 from kvwatch.sim.randomized import build, draw_target
 from kvwatch.sim.vocab import Dialect, IdleCause, Mode
