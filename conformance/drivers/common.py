@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -78,3 +83,43 @@ def main_args() -> list[tuple[str, str]]:
     if not args or len(args) % 2:
         sys.exit(f"usage: {sys.argv[0]} TIMELINE.json SCRAPES.jsonl [TIMELINE.json SCRAPES.jsonl ...]")
     return list(zip(args[::2], args[1::2], strict=True))
+
+
+def small_llama_dir(cfg: dict[str, Any], prefix: str) -> str:
+    """A new directory (``prefix`` names it) holding only a small Llama ``config.json``
+    whose context is ``max_model_len``: enough for an engine's model config, no weights,
+    no tokenizer."""
+    root = tempfile.mkdtemp(prefix=prefix)
+    Path(root, "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+        "intermediate_size": 1024, "num_attention_heads": 8, "num_hidden_layers": 2,
+        "num_key_value_heads": 8, "vocab_size": 32000, "torch_dtype": "float16",
+        "max_position_embeddings": int(cfg["max_model_len"]), "rms_norm_eps": 1e-5,
+    }))
+    return root
+
+
+def replay_each_forked(replay: Callable[[dict[str, Any], str], None], multiproc_dir: str) -> None:
+    """Each ``TIMELINE.json SCRAPES.jsonl`` pair of the command line replayed in a forked
+    child: a fresh registry per timeline, while the engine modules the parent imported are
+    shared. ``multiproc_dir`` (``PROMETHEUS_MULTIPROC_DIR``) is emptied first so /metrics
+    holds that timeline only. A failed replay prints its traceback and exits naming the
+    timeline; the seconds each took go to stderr."""
+    for tl_path, out_path in main_args():
+        started = time.monotonic()
+        for name in os.listdir(multiproc_dir):
+            os.unlink(os.path.join(multiproc_dir, name))
+        pid = os.fork()
+        if pid == 0:
+            try:
+                replay(load(tl_path), out_path)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            sys.exit(f"{tl_path}: replay failed (status {status})")
+        print(f"{tl_path}: {time.monotonic() - started:.1f}s", file=sys.stderr)

@@ -16,7 +16,6 @@ import importlib.util
 import os
 import sys
 import tempfile
-import time
 import types
 from pathlib import Path
 
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 MULTIPROC = tempfile.mkdtemp(prefix="kvwatch-sglang04-prom-")
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = MULTIPROC  # before prometheus_client is imported
 
-from common import Writer, expand, finished, load, main_args  # noqa: E402
+from common import Writer, expand, finished, replay_each_forked  # noqa: E402
 
 
 def _collector_module() -> types.ModuleType:
@@ -90,24 +89,7 @@ def replay(doc: dict, out_path: str) -> None:
 
 
 def main() -> int:
-    for tl_path, out_path in main_args():
-        started = time.monotonic()
-        for name in os.listdir(MULTIPROC):
-            os.unlink(os.path.join(MULTIPROC, name))
-        pid = os.fork()  # a fresh registry and multiprocess files per timeline
-        if pid == 0:
-            try:
-                replay(load(tl_path), out_path)
-            except BaseException:
-                import traceback
-
-                traceback.print_exc()
-                os._exit(1)
-            os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        if status != 0:
-            sys.exit(f"{tl_path}: replay failed (status {status})")
-        print(f"{tl_path}: {time.monotonic() - started:.1f}s", file=sys.stderr)
+    replay_each_forked(replay, MULTIPROC)
     return 0
 
 

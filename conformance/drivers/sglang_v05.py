@@ -16,30 +16,17 @@ Timeline options: ``tp_size`` (with ``enable_metrics_for_all_schedulers`` when >
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 MULTIPROC = tempfile.mkdtemp(prefix="kvwatch-sglang-prom-")
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = MULTIPROC  # before prometheus_client is imported
 
-from common import Writer, expand, finished, load, main_args  # noqa: E402
-
-
-def _model_dir(cfg: dict) -> str:
-    root = tempfile.mkdtemp(prefix="kvwatch-sglang-model-")
-    Path(root, "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
-        "intermediate_size": 1024, "num_attention_heads": 8, "num_hidden_layers": 2,
-        "num_key_value_heads": 8, "vocab_size": 32000, "torch_dtype": "float16",
-        "max_position_embeddings": int(cfg["max_model_len"]), "rms_norm_eps": 1e-5,
-    }))
-    return root
+from common import Writer, expand, finished, replay_each_forked, small_llama_dir  # noqa: E402
 
 
 def server_args(doc: dict):
@@ -48,7 +35,8 @@ def server_args(doc: dict):
     cfg, opts = doc["config"], doc.get("options", {})
     tp = int(opts.get("tp_size", 1))
     return ServerArgs(
-        model_path=_model_dir(cfg), served_model_name=doc["target"]["model_name"],
+        model_path=small_llama_dir(cfg, "kvwatch-sglang-model-"),
+        served_model_name=doc["target"]["model_name"],
         device="cpu", skip_tokenizer_init=True, enable_metrics=True, tp_size=tp,
         enable_metrics_for_all_schedulers=tp > 1,
         enable_priority_scheduling=bool(opts.get("priority")),
@@ -177,24 +165,7 @@ def main() -> int:
     import sglang.srt.runtime_context
     import sglang.srt.server_args  # noqa: F401
 
-    for tl_path, out_path in main_args():
-        started = time.monotonic()
-        for name in os.listdir(MULTIPROC):  # a fresh /metrics per timeline
-            os.unlink(os.path.join(MULTIPROC, name))
-        pid = os.fork()
-        if pid == 0:
-            try:
-                replay(load(tl_path), out_path)
-            except BaseException:
-                import traceback
-
-                traceback.print_exc()
-                os._exit(1)
-            os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        if status != 0:
-            sys.exit(f"{tl_path}: replay failed (status {status})")
-        print(f"{tl_path}: {time.monotonic() - started:.1f}s", file=sys.stderr)
+    replay_each_forked(replay, MULTIPROC)
     shutil.rmtree(MULTIPROC, ignore_errors=True)
     return 0
 

@@ -14,10 +14,8 @@ count blocks, not tokens.
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,19 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-from common import Writer, build, expand, finished, load, main_args
-
-
-def _model_dir(cfg: dict) -> str:
-    """A directory with a small Llama ``config.json`` whose context is ``max_model_len``."""
-    root = tempfile.mkdtemp(prefix="kvwatch-vllm-model-")
-    Path(root, "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
-        "intermediate_size": 1024, "num_attention_heads": 8, "num_hidden_layers": 2,
-        "num_key_value_heads": 8, "vocab_size": 32000, "torch_dtype": "float16",
-        "max_position_embeddings": int(cfg["max_model_len"]), "rms_norm_eps": 1e-5,
-    }))
-    return root
+from common import Writer, build, expand, finished, load, main_args, small_llama_dir
 
 
 def vllm_config(doc: dict):
@@ -46,7 +32,7 @@ def vllm_config(doc: dict):
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     cfg = doc["config"]
-    root = _model_dir(cfg)
+    root = small_llama_dir(cfg, "kvwatch-vllm-model-")
     model_kwargs = {"model": root, "tokenizer": root, "tokenizer_mode": "auto",
                     "trust_remote_code": False, "seed": 0, "skip_tokenizer_init": True,
                     "served_model_name": doc["target"]["model_name"],
