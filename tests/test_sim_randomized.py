@@ -15,6 +15,7 @@ from kvwatch.sim.honest import blind_to, score_corpus
 from kvwatch.sim.mechanism import label_trace
 from kvwatch.sim.perturb import BASE, Variant, lacking, optional_families, write_variants
 from kvwatch.sim.randomized import build, draw_target
+from kvwatch.sim.trace import COUNTERS, GAUGES, Trace
 from kvwatch.sim.vocab import Dialect, IdleCause, Mode
 
 END = 1_780_000_000.0
@@ -109,6 +110,8 @@ def test_exemptions_are_narrow() -> None:
     assert blind_to("full", frozenset({"waiting"})) == frozenset()  # preemptions still decide
     assert blind_to("full", frozenset({"waiting", "preemptions"})) == {"waiting", "preemptions"}
     assert blind_to("misread", frozenset({"ttft"})) == {"ttft"}
+    assert blind_to("misread", frozenset({"waiting"})) == frozenset()  # preemptions rule out a queue-made tail
+    assert blind_to("misread", frozenset({"waiting", "preemptions"})) == {"waiting", "preemptions"}
     assert blind_to("healthy", frozenset({"queue_time", "capacity"})) == frozenset()
     assert blind_to("healthy", frozenset({"ttft"})) == {"ttft"}  # the tail cannot be ruled out
     # fragmented and batch-limited differ only in whether running sits at its cap
@@ -127,3 +130,70 @@ def test_score_counts_unknown_as_a_miss_unless_exempt(tmp_path: Path) -> None:
     results = {("rnd-base", t["instance"]): ("unknown", None, "blind-spot") for t in doc["targets"]}
     rep = score_corpus(doc, results, [BASE])
     assert not rep.abstentions() and all(v.got == "unknown" != v.expected for v in rep.scored())
+
+
+def _trace(*, waiting_span: tuple[int, int] | None = None, slow: int = 0, queued_tail: int = 0,
+           usage: float = 0.05) -> Trace:
+    """A 40-minute ground-truth trace at 1 s steps: one request a second with a 50 ms first
+    token, ``slow`` of the last 600 taking 10 s; ``waiting_span`` (s) had a queue, and
+    ``queued_tail`` requests that arrived then get their first token in the last 100 s."""
+    n = 2400
+    t = np.arange(n, dtype=float)
+    gauges = np.zeros((n, len(GAUGES)))
+    gauges[:, GAUGES.index("usage")] = usage
+    gauges[:, GAUGES.index("running")] = 3.0
+    arrival = t.copy()
+    ttft = np.full(n, 0.05)
+    if slow:
+        ttft[np.linspace(n - 590, n - 20, slow).astype(int)] = 10.0
+    if waiting_span:
+        a, b = waiting_span
+        gauges[a:b, GAUGES.index("waiting")] = 4.0
+        if queued_tail:
+            idx = np.arange(a, a + queued_tail)
+            ttft[idx] = (n - 100 + (idx - a) * 90 / queued_tail) - arrival[idx]
+    first = arrival + ttft
+    keep = first <= t[-1]
+    return Trace(None, None, t, gauges, np.zeros((n, len(COUNTERS))), np.zeros(0, dtype=int),  # type: ignore[arg-type]
+                 np.zeros((0, 0)), first[keep], ttft[keep])
+
+
+def test_a_tail_left_by_an_episode_that_ended_before_the_recent_span_is_not_misread() -> None:
+    """Requests that queued in an episode 15 minutes ago reach their first token late; they
+    carry the episode's tail, not a slice of the workload (failure-modes.md: a burst that
+    ended long ago is not a current incident)."""
+    label = label_trace(_trace(waiting_span=(1000, 1300), queued_tail=60))
+    assert (label.mode, label.cause) == (Mode.IDLE, IdleCause.LOW_DEMAND), label
+    assert label.evidence["ttft_slow_n"] == 0
+
+
+def test_misread_needs_a_slice_clearly_over_one_percent() -> None:
+    """p99 > SLO exactly when > 1 % of requests are slow: a slice near 1 % sits on either side
+    of the SLO by a Poisson draw, so its truth is ambiguous (redrawn), not misread."""
+    clear = label_trace(_trace(slow=30))  # 5 % of 600
+    assert clear.mode is Mode.MISREAD and clear.without_tail == "idle/low_demand", clear
+    assert label_trace(_trace(slow=30, usage=0.5)).without_tail == "healthy"
+    for near in (3, 7):  # 0.5 % and 1.2 % of 600: within two sd (2.4 requests) of 6
+        assert label_trace(_trace(slow=near)).ambiguous, near
+    assert label_trace(_trace(slow=0)).cause is IdleCause.LOW_DEMAND
+
+
+def test_misread_scoring_abstains_where_the_engine_cannot_show_the_tail() -> None:
+    """Without TTFT (Triton) a misread pool can only be read as what it is without the tail;
+    without a queue gauge and preemptions (trtllm-serve gen A) a queue-made tail cannot be
+    ruled out. Both are abstentions, documented; a wrong answer is still a miss."""
+    doc = {"variants": [{"name": "base", "job": "j", "instances": ["a", "b", "c", "d"]}], "targets": [
+        {"instance": "a", "dialect": "trtllm-triton", "expected": "misread", "cause": None,
+         "persistent_queue": False, "without_tail": "idle/low_demand"},
+        {"instance": "b", "dialect": "trtllm-triton", "expected": "misread", "cause": None,
+         "persistent_queue": False, "without_tail": "idle/low_demand"},
+        {"instance": "c", "dialect": "trtllm-serve-genA", "expected": "misread", "cause": None,
+         "persistent_queue": False, "without_tail": "healthy"},
+        {"instance": "d", "dialect": "vllm-0.10", "expected": "misread", "cause": None,
+         "persistent_queue": False, "without_tail": "idle/low_demand"},
+    ]}
+    results = {("j", "a"): ("idle", "low_demand", "idle-low-demand"), ("j", "b"): ("healthy", None, "healthy"),
+               ("j", "c"): ("unknown", None, "blind-spot"), ("j", "d"): ("idle", "low_demand", "idle-low-demand")}
+    rep = score_corpus(doc, results, [BASE])
+    assert sorted(v.instance for v in rep.abstentions()) == ["a", "c"]
+    assert sorted(v.instance for v in rep.misses()) == ["b", "d"]  # d exports TTFT: it must see the tail

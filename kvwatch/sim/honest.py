@@ -6,7 +6,15 @@ its label: :data:`DECIDING` states, per label, the signals without which no engi
 rule could decide it (``any`` of a group suffices); a target lacking all of a group (its
 dialect never exports them, or the variant dropped them, see
 :func:`kvwatch.sim.perturb.lacking`) may answer ``unknown`` and is then counted apart as an
-*abstention*, not scored. Any other answer of an exempt target is scored like the rest.
+*abstention*, not scored. Any other answer of an exempt target is scored like the rest,
+with one exception: a ``misread`` target that cannot show TTFT (Triton, TGI, a Dynamo
+worker, the no-TTFT variant) may answer what the pool is without its tail (``without_tail``
+of its label: ``idle/low_demand`` or ``healthy``); that is all such an engine shows, and it
+is an abstention too, not a hit.
+
+``misread`` is decided by TTFT *and* by ruling out the modes above it: a tail caused by a
+queue (full, oscillating, fragmented) looks the same in TTFT, so a target that exports
+neither a queue gauge nor preemptions (trtllm-serve gen A) cannot be told misread.
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ DECIDING: dict[str, tuple[frozenset[str], ...]] = {
     # a policy stall and a max_num_seqs ceiling look alike (free KV, a queue) but for whether
     # running sits at its cap: without the running gauge neither can be told from the other
     "fragmented": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"}), frozenset({"running"})),
-    "misread": (frozenset({"ttft"}),),
+    # the tail must not come from a queue: full, oscillating and fragmented need ruling out
+    "misread": (frozenset({"ttft"}), frozenset({"waiting", "preemptions"})),
     "idle/low_demand": (frozenset({"kv_usage"}),),
     "idle/batch_limited": (frozenset({"kv_usage"}), frozenset({"waiting"}), frozenset({"running"})),
     "idle/stalled": (frozenset({"waiting"}), frozenset({"running", "token_counters", "request_counters"})),
@@ -58,10 +67,13 @@ class Verdict:
     exempt: frozenset[str]
     persistent_queue: bool
     rule: str = ""
+    without_tail: str | None = None  # misread label: what the pool is without its tail
 
     @property
     def abstained(self) -> bool:
-        return bool(self.exempt) and self.got == "unknown"
+        if not self.exempt:
+            return False
+        return self.got == "unknown" or ("ttft" in self.exempt and self.got == self.without_tail)
 
     @property
     def mode_pair(self) -> tuple[str, str]:
@@ -134,5 +146,6 @@ def score_corpus(manifest: Mapping[str, object], results: Mapping[tuple[str, str
             missing = lacking(Dialect(t["dialect"]), variant)
             state, cause, rule = results.get((vdoc["job"], inst), ("missing", None, ""))
             rep.verdicts.append(Verdict(variant.name, inst, t["dialect"], expected, got_key(state, cause),
-                                        blind_to(expected, missing), bool(t["persistent_queue"]), rule))
+                                        blind_to(expected, missing), bool(t["persistent_queue"]), rule,
+                                        t.get("without_tail")))
     return rep

@@ -17,11 +17,15 @@ preemptions. The label of a run is read from that record over the last ``window_
 * with no limit binding in ``recent_s``: **compute-bound** (idle) when the typical request's
   TTFT (per-request truth) breaks the SLO, **misread** when the mean is fine but a slice of
   requests breaks it, **low demand** (idle) when the pool stays nearly empty, else **healthy**
-  (which includes pools that recovered from an earlier episode).
+  (which includes pools that recovered from an earlier episode). The TTFT truth is read on
+  the requests that *arrived* in ``recent_s`` at a step without pressure: a request that
+  queued in an episode carries that episode's tail, not the workload's. Misread needs the
+  slow share clearly over 1 % (the p99 is over the SLO not by a Poisson draw, see
+  :func:`_slice_band`); a slow share within the draw's reach of 1 % is ambiguous.
 
 A run that fits none cleanly (pressure in part of the span only, several limits taking
 turns, a limit that stopped binding in the last minute, a pool on the border of "nearly
-empty") is *ambiguous*: the generator redraws it, and
+empty", a slow slice near 1 % of the requests) is *ambiguous*: the generator redraws it, and
 says how often. Precedence follows failure-modes.md. Units: seconds, fractions of steps.
 """
 
@@ -58,6 +62,10 @@ class Label:
     cause: IdleCause | None
     mechanism: str
     evidence: dict[str, float]
+    #: for a misread label: the label the pool would have without its TTFT tail
+    #: ("idle/low_demand", "healthy"; None when that is too close to call), which is all an
+    #: engine without a TTFT histogram can show (see :mod:`kvwatch.sim.honest`)
+    without_tail: str | None = None
 
     @property
     def ambiguous(self) -> bool:
@@ -86,6 +94,32 @@ def _bins(x: np.ndarray, fn: str = "mean") -> np.ndarray:
     n = len(x) // _BIN_S
     v = x[len(x) - n * _BIN_S:].reshape(n, _BIN_S)
     return getattr(v, fn)(axis=1)
+
+
+def _calm_ttft(trace: Trace, pressure: np.ndarray, start: float, end: float) -> np.ndarray:
+    """TTFT (s) of the requests that *arrived* in ``(start, end]`` at a step without pressure
+    (nobody waiting, no preemption; ``pressure`` is aligned with the last ``len(pressure)``
+    steps). Selecting by first-token time instead would count requests that queued in an
+    episode that ended before ``start`` (their first token comes later): the tail of a
+    recovered episode is not a slice of the workload. Requests whose first token has not
+    come by ``end`` are not counted (their TTFT is unknown)."""
+    arrival = trace.ttft_at - trace.ttft
+    sel = (arrival > start) & (trace.ttft_at <= end)
+    t_win = trace.t[len(trace.t) - len(pressure):]
+    idx = np.clip(np.searchsorted(t_win, arrival[sel], side="right") - 1, 0, len(t_win) - 1)
+    return trace.ttft[sel][~pressure[idx]]
+
+
+def _slice_band(n: float) -> tuple[float, float]:
+    """Counts of slow requests (of ``n``) that are clearly under / over 1 % of them.
+
+    The p99 is over the SLO exactly when more than 1 % of the requests are slow; with a
+    slice near 1 % which side the p99 of a 10-minute span lands on is a Poisson draw (sd of
+    the count ≈ sqrt(0.01 n)), not a property of the engine: within two sd the truth is too
+    close to call."""
+    mean = 0.01 * n
+    sd = float(np.sqrt(max(mean, 1e-9)))
+    return mean - 2 * sd, mean + 2 * sd
 
 
 def label_trace(trace: Trace, *, window_s: float = WINDOW_S, recent_s: float = RECENT_S,
@@ -120,11 +154,11 @@ def label_trace(trace: Trace, *, window_s: float = WINDOW_S, recent_s: float = R
     gaps = np.diff(starts)
     ev["episodes"] = float(len(starts))
     ev["period_cv"] = float(gaps.std() / gaps.mean()) if len(gaps) >= 2 else float("nan")
-    t_sel = (trace.ttft_at > end - recent_s)
-    ttft = trace.ttft[t_sel]
+    ttft = _calm_ttft(trace, pressure, end - recent_s, end)
     if len(ttft) >= 10:
         ev.update(ttft_p50=float(np.quantile(ttft, 0.5)), ttft_p99=float(np.quantile(ttft, 0.99)),
-                  ttft_mean=float(ttft.mean()), ttft_slow=float((ttft > ttft_slo_s).mean()))
+                  ttft_mean=float(ttft.mean()), ttft_slow=float((ttft > ttft_slo_s).mean()),
+                  ttft_n=float(len(ttft)), ttft_slow_n=float((ttft > ttft_slo_s).sum()))
     recent_bins = recent_s / _BIN_S
 
     def lab(mode: Mode | None, cause: IdleCause | None, mech: str) -> Label:
@@ -165,12 +199,17 @@ def label_trace(trace: Trace, *, window_s: float = WINDOW_S, recent_s: float = R
         if ev["usage_p90"] <= 0.5:
             return lab(Mode.IDLE, IdleCause.COMPUTE_BOUND, "typical request slow to first token without a queue")
         return lab(None, None, "slow first tokens on a busy pool")
+    slice_lo, slice_hi = _slice_band(ev["ttft_n"])
     if ev["ttft_p99"] > ttft_slo_s and ev["ttft_mean"] <= ttft_slo_s and ev["ttft_p50"] <= ttft_slo_s / 4:
-        if 0.002 <= ev["ttft_slow"] <= 0.2:
-            return lab(Mode.MISREAD, None, "a slice of requests breaks the TTFT SLO while the typical one is fast")
+        if ev["ttft_slow_n"] >= slice_hi and ev["ttft_slow"] <= 0.2:
+            rest = ("idle/low_demand" if ev["usage_p90"] <= lo else "healthy" if ev["usage_p90"] >= hi else None)
+            return Label(Mode.MISREAD, None, "a slice of requests breaks the TTFT SLO while the typical one is fast",
+                         ev, rest)
         return lab(None, None, "tail over the SLO in too few or too many requests")
     if ev["ttft_p99"] > ttft_slo_s / 2 and ev["ttft_p99"] > 5 * ev["ttft_p50"]:
         return lab(None, None, "tail near the SLO")
+    if ev["ttft_slow_n"] >= 1 and ev["ttft_slow_n"] > slice_lo:
+        return lab(None, None, "slow slice too close to 1 % of requests: p99 against the SLO is a draw")
     if ev["usage_p90"] <= lo:
         return lab(Mode.IDLE, IdleCause.LOW_DEMAND, "arrivals far below capacity")
     if ev["usage_p90"] < hi:
@@ -183,6 +222,8 @@ def combine(labels: list[Label]) -> Label:
     first = labels[0]
     if any((lb.mode, lb.cause) != (first.mode, first.cause) for lb in labels[1:]):
         return Label(None, None, "data-parallel engines disagree", first.evidence)
+    if any(lb.without_tail != first.without_tail for lb in labels[1:]):
+        return Label(first.mode, first.cause, first.mechanism, first.evidence, None)
     return first
 
 

@@ -302,6 +302,7 @@ def manifest_entry(d: DrawnTarget, port: int = DEFAULT_PORT) -> dict[str, Any]:
         "draw": d.description, "expected": d.label.mode.value if d.label.mode else None,
         "cause": d.label.cause.value if d.label.cause else None, "mechanism": d.label.mechanism,
         "persistent_queue": ev.get("wait", 0.0) >= 0.5, "redrawn": d.redrawn,
+        "without_tail": d.label.without_tail,
         "data_parallel": spec.data_parallel,
         "evidence": {k: round(v, 4) for k, v in ev.items()},
     }
