@@ -18,8 +18,9 @@ preemptions. The label of a run is read from that record over the last ``window_
   TTFT (per-request truth) breaks the SLO, **misread** when the mean is fine but a slice of
   requests breaks it, **low demand** (idle) when the pool stays nearly empty, else **healthy**
   (which includes pools that recovered from an earlier episode). The TTFT truth is read on
-  the requests that *arrived* in ``recent_s`` at a step without pressure: a request that
-  queued in an episode carries that episode's tail, not the workload's. Misread needs the
+  the requests that *arrived* in ``recent_s``, outside sustained pressure (30 s bins with
+  a queue or preemptions half the time): a request that queued in an episode carries that
+  episode's tail, not the workload's. Misread needs the
   slow share clearly over 1 % (the p99 is over the SLO not by a Poisson draw, see
   :func:`_slice_band`); a slow share within the draw's reach of 1 % is ambiguous.
 
@@ -96,18 +97,19 @@ def _bins(x: np.ndarray, fn: str = "mean") -> np.ndarray:
     return getattr(v, fn)(axis=1)
 
 
-def _calm_ttft(trace: Trace, pressure: np.ndarray, start: float, end: float) -> np.ndarray:
-    """TTFT (s) of the requests that *arrived* in ``(start, end]`` at a step without pressure
-    (nobody waiting, no preemption; ``pressure`` is aligned with the last ``len(pressure)``
-    steps). Selecting by first-token time instead would count requests that queued in an
-    episode that ended before ``start`` (their first token comes later): the tail of a
-    recovered episode is not a slice of the workload. Requests whose first token has not
-    come by ``end`` are not counted (their TTFT is unknown)."""
+def _calm_ttft(trace: Trace, sustained: np.ndarray, start: float, end: float) -> np.ndarray:
+    """TTFT (s) of the requests that *arrived* in ``(start, end]``, except at steps inside a
+    sustained pressure episode (``sustained``: per step, aligned with the last
+    ``len(sustained)`` steps of the trace). Selecting by first-token time instead would
+    count requests that queued in an episode that ended before ``start`` (their first token
+    comes later): the tail of a recovered episode is not a slice of the workload. Brief
+    queue blips stay in: their tail is part of the pool's current regime. Requests whose
+    first token has not come by ``end`` are not counted (their TTFT is unknown)."""
     arrival = trace.ttft_at - trace.ttft
     sel = (arrival > start) & (trace.ttft_at <= end)
-    t_win = trace.t[len(trace.t) - len(pressure):]
+    t_win = trace.t[len(trace.t) - len(sustained):]
     idx = np.clip(np.searchsorted(t_win, arrival[sel], side="right") - 1, 0, len(t_win) - 1)
-    return trace.ttft[sel][~pressure[idx]]
+    return trace.ttft[sel][~sustained[idx]]
 
 
 def _slice_band(n: float) -> tuple[float, float]:
@@ -154,7 +156,9 @@ def label_trace(trace: Trace, *, window_s: float = WINDOW_S, recent_s: float = R
     gaps = np.diff(starts)
     ev["episodes"] = float(len(starts))
     ev["period_cv"] = float(gaps.std() / gaps.mean()) if len(gaps) >= 2 else float("nan")
-    ttft = _calm_ttft(trace, pressure, end - recent_s, end)
+    sustained = np.zeros(len(pressure), dtype=bool)  # steps inside a hot 30 s bin
+    sustained[len(pressure) - len(hot) * _BIN_S:] = np.repeat(hot, _BIN_S)
+    ttft = _calm_ttft(trace, sustained, end - recent_s, end)
     if len(ttft) >= 10:
         ev.update(ttft_p50=float(np.quantile(ttft, 0.5)), ttft_p99=float(np.quantile(ttft, 0.99)),
                   ttft_mean=float(ttft.mean()), ttft_slow=float((ttft > ttft_slo_s).mean()),
