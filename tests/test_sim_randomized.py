@@ -133,9 +133,9 @@ def test_score_counts_unknown_as_a_miss_unless_exempt(tmp_path: Path) -> None:
 
 
 def _trace(*, waiting_span: tuple[int, int] | None = None, slow: int = 0, queued_tail: int = 0,
-           usage: float = 0.05) -> Trace:
+           usage: float = 0.05, slow_since: int = 590) -> Trace:
     """A 40-minute ground-truth trace at 1 s steps: one request a second with a 50 ms first
-    token, ``slow`` of the last 600 taking 10 s; ``waiting_span`` (s) had a queue, and
+    token, ``slow`` of the last ``slow_since`` taking 10 s; ``waiting_span`` (s) had a queue, and
     ``queued_tail`` requests that arrived then get their first token in the last 100 s."""
     n = 2400
     t = np.arange(n, dtype=float)
@@ -145,7 +145,7 @@ def _trace(*, waiting_span: tuple[int, int] | None = None, slow: int = 0, queued
     arrival = t.copy()
     ttft = np.full(n, 0.05)
     if slow:
-        ttft[np.linspace(n - 590, n - 20, slow).astype(int)] = 10.0
+        ttft[np.linspace(n - slow_since, n - 20, slow).astype(int)] = 10.0
     if waiting_span:
         a, b = waiting_span
         gauges[a:b, GAUGES.index("waiting")] = 4.0
@@ -176,6 +176,12 @@ def test_misread_needs_a_slice_clearly_over_one_percent() -> None:
     for near in (3, 7):  # 0.5 % and 1.2 % of 600: within two sd (2.4 requests) of 6
         assert label_trace(_trace(slow=near)).ambiguous, near
     assert label_trace(_trace(slow=0)).cause is IdleCause.LOW_DEMAND
+
+
+def test_a_tail_that_began_minutes_ago_has_not_persisted() -> None:
+    """30 slow requests in the last 4 minutes only: the tail has not persisted over the span
+    (failure-modes.md: judgements require the condition to persist), so it is not yet misread."""
+    assert label_trace(_trace(slow=30, slow_since=240)).ambiguous
 
 
 def test_misread_scoring_abstains_where_the_engine_cannot_show_the_tail() -> None:

@@ -22,11 +22,12 @@ preemptions. The label of a run is read from that record over the last ``window_
   a queue or preemptions half the time): a request that queued in an episode carries that
   episode's tail, not the workload's. Misread needs the
   slow share clearly over 1 % (the p99 is over the SLO not by a Poisson draw, see
-  :func:`_slice_band`); a slow share within the draw's reach of 1 % is ambiguous.
+  :func:`_slice_band`) and over 1 % in both halves of ``recent_s`` (it persists); a slow
+  share within the draw's reach of 1 %, or a tail in one half only, is ambiguous.
 
 A run that fits none cleanly (pressure in part of the span only, several limits taking
 turns, a limit that stopped binding in the last minute, a pool on the border of "nearly
-empty", a slow slice near 1 % of the requests) is *ambiguous*: the generator redraws it, and
+empty", a slow slice near 1 % of the requests or in part of the recent span only) is *ambiguous*: the generator redraws it, and
 says how often. Precedence follows failure-modes.md. Units: seconds, fractions of steps.
 """
 
@@ -97,19 +98,21 @@ def _bins(x: np.ndarray, fn: str = "mean") -> np.ndarray:
     return getattr(v, fn)(axis=1)
 
 
-def _calm_ttft(trace: Trace, sustained: np.ndarray, start: float, end: float) -> np.ndarray:
+def _calm_ttft(trace: Trace, sustained: np.ndarray, start: float, end: float) -> tuple[np.ndarray, np.ndarray]:
     """TTFT (s) of the requests that *arrived* in ``(start, end]``, except at steps inside a
     sustained pressure episode (``sustained``: per step, aligned with the last
     ``len(sustained)`` steps of the trace). Selecting by first-token time instead would
     count requests that queued in an episode that ended before ``start`` (their first token
     comes later): the tail of a recovered episode is not a slice of the workload. Brief
     queue blips stay in: their tail is part of the pool's current regime. Requests whose
-    first token has not come by ``end`` are not counted (their TTFT is unknown)."""
+    first token has not come by ``end`` are not counted (their TTFT is unknown).
+    Returns (arrival times, TTFT), s."""
     arrival = trace.ttft_at - trace.ttft
     sel = (arrival > start) & (trace.ttft_at <= end)
     t_win = trace.t[len(trace.t) - len(sustained):]
     idx = np.clip(np.searchsorted(t_win, arrival[sel], side="right") - 1, 0, len(t_win) - 1)
-    return trace.ttft[sel][~sustained[idx]]
+    keep = ~sustained[idx]
+    return arrival[sel][keep], trace.ttft[sel][keep]
 
 
 def _slice_band(n: float) -> tuple[float, float]:
@@ -158,11 +161,17 @@ def label_trace(trace: Trace, *, window_s: float = WINDOW_S, recent_s: float = R
     ev["period_cv"] = float(gaps.std() / gaps.mean()) if len(gaps) >= 2 else float("nan")
     sustained = np.zeros(len(pressure), dtype=bool)  # steps inside a hot 30 s bin
     sustained[len(pressure) - len(hot) * _BIN_S:] = np.repeat(hot, _BIN_S)
-    ttft = _calm_ttft(trace, sustained, end - recent_s, end)
+    arrived, ttft = _calm_ttft(trace, sustained, end - recent_s, end)
     if len(ttft) >= 10:
+        slow = ttft > ttft_slo_s
+        early = arrived <= end - recent_s / 2
         ev.update(ttft_p50=float(np.quantile(ttft, 0.5)), ttft_p99=float(np.quantile(ttft, 0.99)),
-                  ttft_mean=float(ttft.mean()), ttft_slow=float((ttft > ttft_slo_s).mean()),
-                  ttft_n=float(len(ttft)), ttft_slow_n=float((ttft > ttft_slo_s).sum()))
+                  ttft_mean=float(ttft.mean()), ttft_slow=float(slow.mean()),
+                  ttft_n=float(len(ttft)), ttft_slow_n=float(slow.sum()),
+                  # slow share in the older and the newer half of the recent span: a slice of
+                  # the workload shows in both, a tail that began 3 minutes ago does not yet
+                  ttft_slow_halves=float(min(slow[early].mean() if early.any() else 0.0,
+                                             slow[~early].mean() if (~early).any() else 0.0)))
     recent_bins = recent_s / _BIN_S
 
     def lab(mode: Mode | None, cause: IdleCause | None, mech: str) -> Label:
@@ -205,6 +214,8 @@ def label_trace(trace: Trace, *, window_s: float = WINDOW_S, recent_s: float = R
         return lab(None, None, "slow first tokens on a busy pool")
     slice_lo, slice_hi = _slice_band(ev["ttft_n"])
     if ev["ttft_p99"] > ttft_slo_s and ev["ttft_mean"] <= ttft_slo_s and ev["ttft_p50"] <= ttft_slo_s / 4:
+        if ev["ttft_slow_halves"] <= 0.01:
+            return lab(None, None, "tail over the SLO in part of the recent span only")
         if ev["ttft_slow_n"] >= slice_hi and ev["ttft_slow"] <= 0.2:
             rest = ("idle/low_demand" if ev["usage_p90"] <= lo else "healthy" if ev["usage_p90"] >= hi else None)
             return Label(Mode.MISREAD, None, "a slice of requests breaks the TTFT SLO while the typical one is fast",
