@@ -373,3 +373,26 @@ def test_running_pinned_at_a_cap_cut_minutes_ago_is_not_fragmented() -> None:
     running[k:], usage[k:], waiting[k:] = 8, 0.02 + 0.01 * np.random.default_rng(3).random(N - k), 30
     r = run({"t": base(kv_usage=usage, waiting=waiting, running=running)})["t"]
     assert r.state is not FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]
+
+
+def test_oscillation_ended_eight_minutes_ago_is_no_longer_named() -> None:
+    """Issue 11 (no after-effects): cycles with a queue at every peak, then 8 minutes of a
+    steady pool without a queue. A trough of a 2-10 min oscillation leaves no queue for
+    ~6 min at most, so after 8 quiet minutes the episode is over (the lifecycle's hold-down
+    still keeps an open incident for its 5 minutes)."""
+    wave = sine(0.1, 0.98, 300)
+    quiet = np.arange(N) >= N - 16  # the last 8 minutes
+    usage = np.where(quiet, 0.6, wave)
+    waiting = np.where(quiet, 0.0, np.where(wave > 0.85, 12.0, 0.0))
+    r = run({"t": base(kv_usage=usage, waiting=waiting)})["t"]
+    assert r.state is not FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+
+
+def test_a_raised_cap_that_empties_the_queue_is_not_a_fragmented_stall() -> None:
+    """The reverse of a cut: max_num_seqs restored at the last scrape, the queue admitted at
+    once (running 4 → 118, nobody waits). The 10m span still reads "a queue 95 % of the time,
+    KV free, running not at a ceiling", but nothing is stalled now: no verdict on the past."""
+    running, usage, waiting = const(4), 0.015 + 0.005 * np.random.default_rng(4).random(N), const(150)
+    running[-1], usage[-1], waiting[-1] = 118, 0.40, 0
+    r = run({"t": base(kv_usage=usage, waiting=waiting, running=running)})["t"]
+    assert r.state is not FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]
