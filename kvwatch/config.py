@@ -63,7 +63,7 @@ class DiscoverySettings(_Model):
     selector: str = ""
     #: dialect ids to consider (default: all)
     dialects: tuple[str, ...] = ()
-    #: `kvwatch run`: rediscover at least every N cycles; sooner when the count of live engines changes
+    #: `kvwatch run`: rediscover at least every N cycles; sooner when the count of live engines changes. The scrape interval and histogram bucket layouts are re-measured with each discovery
     refresh_cycles: int = Field(10, ge=1)
     #: regex (full match of the Triton `model` label) of the model holding the LLM; default: the models that export nv_trt_llm_* (LLM-API backend: tensorrt_llm)
     triton_model: str = ""
