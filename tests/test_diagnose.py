@@ -234,6 +234,18 @@ def test_progress_and_demand_fall_back_to_request_counters(name: str, request_ra
     assert "gen_tps" not in r.blocking
 
 
+def test_a_signal_silent_for_minutes_does_not_speak_for_now() -> None:
+    """A wedged engine whose queue is only estimated from finished requests (no queue gauge):
+    the estimate stops when nothing finishes. Its older samples (no queue) must not make
+    the pool read as low demand; the rules that need the queue now are undecidable."""
+    waiting = const(0.0)
+    waiting[-12:] = np.nan  # nothing finished in the last 6 minutes
+    sigs = base(kv_usage=const(0.02), running=const(0), waiting=waiting, gen_tps=np.where(np.isnan(waiting), 0, 50.0))
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.UNKNOWN, r.primary
+    assert "waiting" in r.blocking
+
+
 def test_persistent_queue_is_never_healthy() -> None:
     """Every mode decided and none matched, yet requests queue all the time: unknown, with the reason."""
     r = run({"t": base(kv_usage=const(0.82), waiting=const(3))})["t"]

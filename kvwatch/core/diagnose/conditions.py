@@ -50,6 +50,14 @@ class RuleEval:
     def span(self, leaf: Leaf) -> float:
         return self.view.p.window_s if leaf.over == "window" else min(self.rule.for_, self.view.p.window_s)
 
+    def _silent(self, signal: str, span: float) -> bool:
+        """True when ``signal`` has samples in the span but none in the last ``fresh_s``: older
+        samples cannot speak for now (an estimate that stops while nothing finishes, a series
+        that vanished). Latency signals are exempt: no request finished is itself an answer."""
+        if signal in LATENCY_SIGNALS or span <= self.view.p.fresh_s:
+            return False
+        return not self.view.stat(signal, self.view.p.fresh_s, "count")
+
     def _no_requests(self, span: float) -> bool:
         """True when the target is known to have finished no request in the span."""
         top = self.view.stat("request_rate", span, "max")
@@ -66,8 +74,11 @@ class RuleEval:
             obs = self.view.stat(leaf.signal, span, leaf.stat, leaf.arg)
             name, window = leaf.signal, fmt_span(span)
             stat = leaf.stat if leaf.arg is None else f"{leaf.stat}({leaf.arg:g})"
+        silent = obs is not None and leaf.signal is not None and self._silent(leaf.signal, span)
+        if silent:
+            obs = None
         if obs is None or thr is None or not math.isfinite(obs):
-            note = ""
+            note = f"no sample in the last {fmt_span(self.view.p.fresh_s)}" if silent else ""
             if leaf.missing != "unknown":
                 result: bool | None = leaf.missing == "true"
                 note = f"no data, counts as {leaf.missing}"
