@@ -399,12 +399,3 @@ def test_oscillation_ended_eight_minutes_ago_is_no_longer_named() -> None:
     r = run({"t": base(kv_usage=usage, waiting=waiting)})["t"]
     assert r.state is not FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
 
-
-def test_a_raised_cap_that_empties_the_queue_is_not_a_fragmented_stall() -> None:
-    """The reverse of a cut: max_num_seqs restored at the last scrape, the queue admitted at
-    once (running 4 → 118, nobody waits). The 10m span still reads "a queue 95 % of the time,
-    KV free, running not at a ceiling", but nothing is stalled now: no verdict on the past."""
-    running, usage, waiting = const(4), 0.015 + 0.005 * np.random.default_rng(4).random(N), const(150)
-    running[-1], usage[-1], waiting[-1] = 118, 0.40, 0
-    r = run({"t": base(kv_usage=usage, waiting=waiting, running=running)})["t"]
-    assert r.state is not FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]
