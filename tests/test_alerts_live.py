@@ -33,7 +33,7 @@ from support.polling import wait
 from support.prom import kvwatch_port, prometheus, require_binary
 from test_service_e2e import TOKEN, clean_env, spawn
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.live]
 
 RULES = Path(__file__).parent / "fixtures" / "alerts" / "rules.yaml"
 FOR_S = 20.0

@@ -4,17 +4,20 @@
 the limit that binds in the simulator's ground truth, never by kvwatch's thresholds. The
 base corpus and, for a seeded quarter of the targets, four perturbations (preemptions
 dropped, 60 s scrapes, scrape gaps, a counter reset) are backfilled with promtool and
-evaluated once by the real pipeline. Every target counts: ``unknown`` is a miss unless the
+evaluated once by the real pipeline (the simulated corpus and its TSDB blocks are cached,
+keyed by the generator's code: tests/support/cache.py). Every target counts: ``unknown`` is a miss unless the
 target cannot export what decides its label (kvwatch.sim.honest).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from support.cache import generated
 from support.prom import backfill, prometheus
 
 from kvwatch.config import load_settings
@@ -37,10 +40,18 @@ VARIANTS = (perturb.BASE, perturb.Variant("no-preemptions", drop="preemptions"),
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, HonestReport, dict, set[tuple[str, str]]]:
     work: Path = tmp_path_factory.mktemp("rnd")
-    doc = build(work, n=48, seeds=[SEED], variants=VARIANTS, share=0.25)
-    backfill(work / "fleet.om", work / "tsdb")
+
+    def make(out: Path) -> None:  # the simulation and promtool's blocks: cached by generator code
+        build(out, n=48, seeds=[SEED], variants=VARIANTS, share=0.25)
+        backfill(out / "fleet.om", out / "tsdb")
+        (out / "fleet.om").unlink()
+
+    data = generated("classification-corpus", {"n": 48, "seeds": [SEED], "variants": VARIANTS, "share": 0.25},
+                     ("kvwatch.sim.randomized", "kvwatch.sim.perturb"), make, work)
+    doc = json.loads((data / "manifest.json").read_text())
+    shutil.copytree(data / "tsdb", work / "tsdb-copy")  # Prometheus writes to its TSDB; the cache stays as made
     at = datetime.fromtimestamp(doc["end_unix"], tz=UTC)
-    with prometheus(work / "tsdb") as url:
+    with prometheus(work / "tsdb-copy") as url:
         client = PromClient(url, timeout_s=120)
         ev = evaluate(client, load_settings(None, environ={}), load_ruleset(), at)
         fired = static_baseline_targets(client, at)

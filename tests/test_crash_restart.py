@@ -35,7 +35,7 @@ from support.polling import wait as poll
 from support.prom import prometheus, require_binary
 from test_service_e2e import FIXTURES, TOKEN, clean_env, spawn
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.live]
 
 JOB = "kvwatch-crash"
 SCENARIOS = ("before-post", "after-post", "after-record", "corrupt", "unwritable")

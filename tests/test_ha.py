@@ -30,7 +30,7 @@ from support.prom import kvwatch_port, on_free_ports, prometheus, require_binary
 from test_alertmanager import webhook_receiver
 from test_service_e2e import FIXTURES, TOKEN, Proc, clean_env, cycle_lines, spawn, value
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.alertmanager, pytest.mark.slow]
+pytestmark = [pytest.mark.prometheus, pytest.mark.alertmanager, pytest.mark.slow, pytest.mark.live]
 
 CHANNEL = "#kvwatch-ha"
 INTERVAL_S = 2.0  # evaluation.interval of tests/fixtures/e2e/config.yaml

@@ -36,6 +36,7 @@ from kvwatch.service.incremental import IncrementalEvaluator, splice
 STEP = 5.0
 PRESETS = ("healthy-busy", "full", "oscillating", "idle-low-demand", "misread-tail", "fragmented")
 DIALECTS = ("vllm-0.33", "sglang-0.5", "trtllm-serve", "vllm-v0-0.6")
+pytestmark = pytest.mark.live  # the live simulator test waits on the wall clock
 
 
 def _equal(a: np.ndarray | None, b: np.ndarray | None) -> bool:

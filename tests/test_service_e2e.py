@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.fake_slack import Call, FakeSlack, fake_slack
 from support.prom import prometheus, require_binary
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.live]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "e2e"
 SPEED = 30.0  # simulated s per wall s: the `full` preset pins the pool within ~4 wall s

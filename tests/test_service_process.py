@@ -13,7 +13,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from support.prom import kvwatch_port, prometheus, wait_http
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow, pytest.mark.live]
 
 
 def metric(base: str, name: str, **labels: str) -> float | None:

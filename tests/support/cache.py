@@ -1,0 +1,95 @@
+"""A cache for generated test data, keyed by the code that generates it (never stale).
+
+``generated(name, params, modules, make)`` returns a directory that ``make(dir)`` filled. The
+key hashes ``params``, the Python/numpy/promtool versions and the source of every ``kvwatch``
+module a fresh interpreter loads when it imports ``modules`` (the generator and everything it
+uses), so any edit to the generator, a version change or new parameters build anew; code the
+generator does not import (kvwatch's classifier, its rules) never invalidates it, and the test
+still runs that code on the data every time.
+
+Where: ``$KVWATCH_TEST_CACHE`` or ``~/.cache/kvwatch-tests``; ``KVWATCH_TEST_CACHE=off`` builds
+in a temporary directory every time. Entries are written to a temporary name and renamed
+into place, so parallel runs never see half an entry; older entries of the same name are
+removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from support.prom import PROMTOOL
+
+_KEEP = 2  # entries per name (another branch's generator may be in use in parallel)
+
+
+def _generator_sources(modules: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(module, source file) of every kvwatch module loaded by importing ``modules`` afresh."""
+    code = (f"import importlib, json, sys\nfor m in {list(modules)!r}: importlib.import_module(m)\n"
+            "print(json.dumps(sorted((n, getattr(m, '__file__', None) or '') for n, m in sys.modules.items()"
+            " if n == 'kvwatch' or n.startswith('kvwatch.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120).stdout
+    return [tuple(x) for x in json.loads(out)]
+
+
+def _key(params: dict[str, Any], modules: tuple[str, ...]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps(params, sort_keys=True, default=repr).encode())
+    h.update(sys.version.encode())
+    try:
+        import numpy
+
+        h.update(numpy.__version__.encode())
+    except ImportError:
+        pass
+    promtool = shutil.which(PROMTOOL)
+    if promtool:  # blocks written by promtool depend on its version
+        h.update(subprocess.run([promtool, "--version"], capture_output=True, text=True, timeout=60).stdout.encode())
+    for name, path in _generator_sources(modules):
+        h.update(name.encode())
+        if path:
+            h.update(Path(path).read_bytes())
+    return h.hexdigest()[:20]
+
+
+def generated(name: str, params: dict[str, Any], modules: tuple[str, ...], make: Callable[[Path], None],
+              scratch: Path) -> Path:
+    """The directory ``make`` fills for ``params`` (built now, or the cached one); read-only use.
+
+    ``scratch``: where to build when the cache is off (``KVWATCH_TEST_CACHE=off``).
+    """
+    setting = os.environ.get("KVWATCH_TEST_CACHE", "")
+    if setting.lower() == "off":
+        out = scratch / name
+        make(out)
+        return out
+    root = Path(setting) if setting else Path.home() / ".cache" / "kvwatch-tests"
+    final = root / f"{name}-{_key(params, modules)}"
+    if (final / ".complete").exists():
+        os.utime(final)  # most recently used: kept by the pruning below
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    try:
+        make(tmp)
+        (tmp / ".complete").write_text(json.dumps(params, sort_keys=True, default=repr) + "\n")
+        try:
+            tmp.rename(final)
+        except OSError:  # a parallel run finished first: use its entry
+            if not (final / ".complete").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    old = sorted((p for p in root.glob(f"{name}-*") if p != final), key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in old[_KEEP - 1:]:
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
