@@ -13,11 +13,15 @@ with no engine installed, a real Prometheus holds them and kvwatch must:
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from support.cache import generated
 from support.prom import backfill, prometheus
 
 from conformance import fixtures as fx
@@ -86,20 +90,32 @@ def world(tmp_path_factory: pytest.TempPathFactory):
     series, snaps = _series(), _snapshots()
     assert series, f"no conformance fixtures in {fx.FIXTURES}; run conformance/regenerate"
     work = tmp_path_factory.mktemp("conformance")
-    tsdb = work / "tsdb"
-    for inst, (_, path) in series.items():
-        (work / f"{inst}.om").write_text(fx.openmetrics_body(path), encoding="utf-8")
-        backfill(work / f"{inst}.om", tsdb)
-    pairs = _hand_written(series, work)
-    backfill(work / "sim.om", tsdb)
-    # snapshots: the same body as four scrapes, 15 s apart, ending at the series' end
     end = max(float(h["end_time"]) for h, _ in series.values())
-    snap_scrapes = {(("instance", name), ("job", "conformance-snapshot")):
-                    [om.Scrape(end - 45 + 15 * i, fx.split(p)[1]) for i in range(4)]
-                    for name, (_, p) in snaps.items()}
-    if snap_scrapes:
-        om.write(snap_scrapes, work / "snap.om")
-        backfill(work / "snap.om", tsdb)
+
+    def make(out: Path) -> None:  # blocks of the committed fixtures and their simulated twins
+        tsdb = out / "tsdb"
+        for inst, (_, path) in series.items():
+            (out / f"{inst}.om").write_text(fx.openmetrics_body(path), encoding="utf-8")
+            backfill(out / f"{inst}.om", tsdb)
+        (out / "pairs.json").write_text(json.dumps(_hand_written(series, out)))
+        backfill(out / "sim.om", tsdb)
+        # snapshots: the same body as four scrapes, 15 s apart, ending at the series' end
+        snap_scrapes = {(("instance", name), ("job", "conformance-snapshot")):
+                        [om.Scrape(end - 45 + 15 * i, fx.split(p)[1]) for i in range(4)]
+                        for name, (_, p) in snaps.items()}
+        if snap_scrapes:
+            om.write(snap_scrapes, out / "snap.om")
+            backfill(out / "snap.om", tsdb)
+        for f in out.glob("*.om"):
+            f.unlink()
+
+    # cached by the fixture files' content and the code that turns them into blocks (tests/support/cache.py)
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in fx.fixtures()}
+    data = generated("conformance-world", {"fixtures": files, "job": SIM_JOB},
+                     ("conformance.fixtures", "conformance.om", "kvwatch.sim.fleet", "kvwatch.sim.openmetrics"),
+                     make, work)
+    pairs = json.loads((data / "pairs.json").read_text())
+    tsdb = shutil.copytree(data / "tsdb", work / "tsdb")  # Prometheus writes to its TSDB; the cache stays as made
     at = datetime.fromtimestamp(end, tz=UTC)
     with prometheus(tsdb) as url:
         client = PromClient(url, timeout_s=60)

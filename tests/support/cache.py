@@ -36,8 +36,9 @@ def _generator_sources(modules: tuple[str, ...]) -> list[tuple[str, str]]:
     code = (f"import importlib, json, sys\nfor m in {list(modules)!r}: importlib.import_module(m)\n"
             "print(json.dumps(sorted((n, getattr(m, '__file__', None) or '') for n, m in sys.modules.items()"
             " if n == 'kvwatch' or n.startswith('kvwatch.'))))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the files this run imports
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=120).stdout
+                         timeout=120, env=env).stdout
     return [tuple(x) for x in json.loads(out)]
 
 
