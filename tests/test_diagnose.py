@@ -217,17 +217,19 @@ def test_queue_with_progress_unknown_is_unknown_not_healthy() -> None:
     assert "gen_tps" in r.blocking
 
 
-@pytest.mark.parametrize(("name", "request_rate"), [
-    ("idle-stalled", 0.0),  # nothing finishes while requests wait: stalled, told by the request counter
-    ("idle-batch-limited", 4.0),  # requests finish: progress, so the queue has another cause
-    ("fragmented", 4.0),
-    ("idle-low-demand", 4.0),
+@pytest.mark.parametrize(("name", "request_rate", "abort_rate"), [
+    ("idle-stalled", 0.0, 0.0),  # nothing finishes while requests wait: stalled, told by the request counter
+    ("idle-stalled", 0.6, 0.6),  # only clients giving up finish (aborts count as finished): no progress
+    ("idle-batch-limited", 4.0, 0.0),  # requests complete: progress, so the queue has another cause
+    ("fragmented", 4.0, 0.5),
+    ("idle-low-demand", 4.0, 0.0),
 ])
-def test_progress_and_demand_fall_back_to_request_counters(name: str, request_rate: float) -> None:
-    """An engine without token counters (issue 11 item 2): finished requests per second say
-    whether it makes progress, and the verdict is the one the token counters give."""
+def test_progress_and_demand_fall_back_to_request_counters(name: str, request_rate: float, abort_rate: float) -> None:
+    """An engine without token counters (issue 11 item 2): requests completed per second
+    (finished minus aborted) say whether it makes progress, and the verdict is the one the
+    token counters give."""
     sigs, mode, cause = CASES[name]
-    sigs = {**sigs, Signal.REQUEST_RATE: const(request_rate)}
+    sigs = {**sigs, Signal.REQUEST_RATE: const(request_rate), Signal.ABORT_RATE: const(abort_rate)}
     del sigs[Signal.GEN_TPS], sigs[Signal.PROMPT_TPS]
     r = run({"t": sigs})["t"]
     assert (r.state, (r.primary.cause if r.primary else None) or None) == (mode, cause or None), r.primary

@@ -50,6 +50,11 @@ class FleetStats:
             if a is not None and b is not None:
                 with np.errstate(divide="ignore", invalid="ignore"):
                     m = np.where(b > 0, a / b, np.nan)
+        elif name == "completion_rate":
+            # progress where tokens are not counted: engines count an aborted request (a client
+            # that gave up on a wedged engine) as finished, so aborts are taken out
+            a, b = self.matrix("request_rate"), self.matrix("abort_rate")
+            m = None if a is None else a if b is None else np.maximum(a - np.where(np.isnan(b), 0.0, b), 0.0)
         elif name == "running_vs_cap":
             a, cap = self.matrix("running"), self.vector("max_running", 0.0, "last")
             m = None if a is None or cap is None else a / np.where(cap > 0, cap, np.nan)[:, None]
