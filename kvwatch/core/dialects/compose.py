@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvwatch.core.dialects.model import Source, SourceKind
+from kvwatch.core.dialects.model import BY, Render, Source, SourceKind
 from kvwatch.core.signals import Signal
 
 G, C, HQ, HM, X = (
@@ -22,6 +22,27 @@ def ttft_sources(metric: str, matchers: str = "", scale: float = 1.0, **kw: obje
         Signal.TTFT_P99: Source(HQ, metric, matchers, quantile=0.99, scale=scale, **kw),  # type: ignore[arg-type]
         Signal.TTFT_MEAN: Source(HM, metric, matchers, scale=scale, **kw),  # type: ignore[arg-type]
     }
+
+
+def queue_occupancy(metric: str, matchers: str = "", scale: float = 1.0) -> Source:
+    """``waiting`` estimated from a queue-time histogram when the queue gauge is absent.
+
+    Little's law: the queue seconds that finished requests accrued per second
+    (``rate(<metric>_sum)``) is the mean number of requests waiting over the rate
+    window, in requests like the gauge. It lags by one request's run time where the
+    engine observes queue time at request finish. No request finished in the window
+    (a wedged scheduler, no traffic) says nothing about the queue, so the estimate is
+    then absent (undecidable), never 0.
+    """
+    def expr(r: Render) -> str:
+        total, count = (r.sel(f"{metric}{sfx}", matchers) for sfx in ("_sum", "_count"))
+        return (f"sum by ({BY}) (rate({total}[{r.rw}])) "
+                f"and on ({BY}) (sum by ({BY}) (rate({count}[{r.rw}])) > 0)")
+
+    return Source(X, f"{metric}_sum", expr=expr, scale=scale, extra_requires=(f"{metric}_count",),
+                  note="estimate by Little's law: queue seconds of finished requests per second",
+                  estimate=("mean requests waiting over the rate window by Little's law: queue seconds of "
+                            "finished requests per second; absent while no request finishes"))
 
 
 def merge_sources(*parts: dict[Signal, Source | tuple[Source, ...]]) -> dict[Signal, tuple[Source, ...]]:

@@ -9,6 +9,7 @@ from kvwatch.core.dialects.compose import (
     C,
     G,
     merge_sources,
+    queue_occupancy,
     ttft_sources,
 )
 from kvwatch.core.dialects.model import Source
@@ -22,8 +23,11 @@ def lmdeploy_sources(p: str) -> dict[Signal, tuple[Source, ...]]:
         {
             Signal.KV_USAGE: Source(G, f"{p}gpu_cache_usage_perc", note="fraction of GPU KV blocks in use"),
             Signal.RUNNING: Source(G, f"{p}num_requests_running", agg="sum"),
-            Signal.WAITING: Source(G, f"{p}num_requests_waiting", agg="sum",
-                                   note="engine queue (requests waiting for a request handle: num_api_requests_waiting)"),
+            Signal.WAITING: (
+                Source(G, f"{p}num_requests_waiting", agg="sum",
+                       note="engine queue (requests waiting for a request handle: num_api_requests_waiting)"),
+                queue_occupancy(f"{p}request_queue_time_seconds"),
+            ),
             Signal.QUEUE_P99: Source(HQ, f"{p}request_queue_time_seconds", quantile=0.99,
                                      bucket_range=(0.3, 7680.0), note=QUEUE_BUCKET_NOTE),
             Signal.QUEUE_MEAN: Source(HM, f"{p}request_queue_time_seconds"),

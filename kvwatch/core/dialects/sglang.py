@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from kvwatch.core.dialects.compose import HM, HQ, C, G, X, merge_sources, ttft_sources
+from kvwatch.core.dialects.compose import (
+    HM,
+    HQ,
+    C,
+    G,
+    X,
+    merge_sources,
+    ttft_sources,
+)
 from kvwatch.core.dialects.model import BY, Render, Source
 from kvwatch.core.signals import Signal
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvwatch.core.dialects.compose import HM, HQ, C, G, X, merge_sources
+from kvwatch.core.dialects.compose import HM, HQ, C, G, X, merge_sources, queue_occupancy
 from kvwatch.core.dialects.model import BY, Source
 from kvwatch.core.signals import Signal
 
@@ -26,7 +26,7 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
                 note="PROXY: " + _TGI_KV_PROXY,
             ),
             Signal.RUNNING: Source(G, "tgi_batch_current_size", agg="sum"),
-            Signal.WAITING: Source(G, "tgi_queue_size", agg="sum"),
+            Signal.WAITING: (Source(G, "tgi_queue_size", agg="sum"), queue_occupancy("tgi_request_queue_duration")),
             Signal.QUEUE_P99: Source(HQ, "tgi_request_queue_duration", quantile=0.99),
             Signal.QUEUE_MEAN: Source(HM, "tgi_request_queue_duration"),
             Signal.TPOT_P99: Source(HQ, "tgi_request_mean_time_per_token_duration", quantile=0.99,

@@ -10,6 +10,7 @@ from kvwatch.core.dialects.compose import (
     G,
     X,
     merge_sources,
+    queue_occupancy,
     ttft_sources,
 )
 from kvwatch.core.dialects.model import BY, TRITON_LLM_MARKER, Render, Source
@@ -182,6 +183,7 @@ def trtllm_serve_sources(p: str, m: str) -> dict[Signal, tuple[Source, ...]]:
                     note="executor queue + active-but-unscheduled",
                 ),
                 Source(G, f"{p}num_requests_waiting", agg="sum"),
+                queue_occupancy(f"{p}request_queue_time_seconds", m),
             ),
             Signal.PREEMPTIONS: Source(
                 X, f"{p}num_paused_requests", expr=preemptions,

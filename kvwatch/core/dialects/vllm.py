@@ -9,6 +9,7 @@ from kvwatch.core.dialects.compose import (
     C,
     G,
     merge_sources,
+    queue_occupancy,
     ttft_sources,
 )
 from kvwatch.core.dialects.model import Source, SourceKind
@@ -34,8 +35,10 @@ def vllm_sources(p: str, total: str = "_total") -> dict[Signal, tuple[Source, ..
                        note="old name (<= 0.10.x; 0.11.x only with --show-hidden-metrics-for-version=0.10)"),
             ),
             Signal.RUNNING: Source(G, f"{p}num_requests_running", _VM, agg="sum"),
-            Signal.WAITING: Source(G, f"{p}num_requests_waiting", _VM, agg="sum",
-                                   note=">= 0.20.2: capacity-waiting + deferred"),
+            Signal.WAITING: (
+                Source(G, f"{p}num_requests_waiting", _VM, agg="sum", note=">= 0.20.2: capacity-waiting + deferred"),
+                queue_occupancy(f"{p}request_queue_time_seconds", _VM),
+            ),
             Signal.WAITING_CAPACITY: Source(
                 G, f"{p}num_requests_waiting_by_reason", f'{_VM}, reason="capacity"', agg="sum"
             ),
