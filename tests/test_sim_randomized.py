@@ -108,7 +108,10 @@ def test_coarser_scrapes_resets_and_churn(tmp_path: Path) -> None:
 
 def test_exemptions_are_narrow() -> None:
     assert blind_to("full", frozenset({"waiting"})) == frozenset()  # preemptions still decide
-    assert blind_to("full", frozenset({"waiting", "preemptions"})) == {"waiting", "preemptions"}
+    assert blind_to("full", frozenset({"waiting", "preemptions"})) == frozenset()  # the queue-time histogram still decides
+    assert blind_to("full", frozenset({"waiting", "preemptions", "queue_time"})) == {"waiting", "preemptions", "queue_time"}
+    assert blind_to("healthy", frozenset({"waiting"})) == frozenset()
+    assert blind_to("idle/stalled", frozenset({"waiting"})) == {"waiting"}  # nobody leaves a wedged queue
     assert blind_to("misread", frozenset({"ttft"})) == {"ttft"}
     assert blind_to("misread", frozenset({"waiting"})) == frozenset()  # preemptions rule out a queue-made tail
     assert blind_to("misread", frozenset({"waiting", "preemptions"})) == {"waiting", "preemptions"}

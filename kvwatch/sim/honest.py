@@ -28,22 +28,31 @@ from kvwatch.sim.perturb import Variant, lacking
 from kvwatch.sim.vocab import Dialect
 
 #: label -> groups of signals; each group needs at least one of its signals to decide
+#: A queue-time histogram tells the mean queue length too (Little's law: queue seconds of
+#: finished requests per second), so it counts as queue evidence wherever requests still
+#: leave the queue; a wedged scheduler (stalled) lets none leave, so there only the gauge does.
+_QUEUE = frozenset({"waiting", "queue_time"})
 DECIDING: dict[str, tuple[frozenset[str], ...]] = {
     # healthy means every mode was ruled out: without TTFT the tail (misread) cannot be,
-    # without a queue gauge the admission stalls (fragmented, batch-limited) cannot be
-    "healthy": (frozenset({"kv_usage"}), frozenset({"ttft"}), frozenset({"waiting"})),
-    "full": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"})),
-    "oscillating": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"})),
+    # without queue evidence the admission stalls (fragmented, batch-limited) cannot be
+    "healthy": (frozenset({"kv_usage"}), frozenset({"ttft"}), _QUEUE),
+    "full": (frozenset({"kv_usage"}), _QUEUE | {"preemptions"}),
+    "oscillating": (frozenset({"kv_usage"}), _QUEUE | {"preemptions"}),
     # a policy stall and a max_num_seqs ceiling look alike (free KV, a queue) but for whether
     # running sits at its cap: without the running gauge neither can be told from the other
-    "fragmented": (frozenset({"kv_usage"}), frozenset({"waiting", "preemptions"}), frozenset({"running"})),
+    "fragmented": (frozenset({"kv_usage"}), _QUEUE | {"preemptions"}, frozenset({"running"})),
     # the tail must not come from a queue: full, oscillating and fragmented need ruling out
     "misread": (frozenset({"ttft"}), frozenset({"waiting", "preemptions"})),
     "idle/low_demand": (frozenset({"kv_usage"}),),
-    "idle/batch_limited": (frozenset({"kv_usage"}), frozenset({"waiting"}), frozenset({"running"})),
+    "idle/batch_limited": (frozenset({"kv_usage"}), _QUEUE, frozenset({"running"})),
     "idle/stalled": (frozenset({"waiting"}), frozenset({"running", "token_counters", "request_counters"})),
     "idle/compute_bound": (frozenset({"kv_usage"}), frozenset({"ttft"})),
 }
+
+
+#: exported families that are no evidence of the engine's queue: Triton's queue histogram
+#: times its own scheduler queue, not the TensorRT-LLM executor's, where KV-bound requests wait
+_NO_QUEUE_EVIDENCE: dict[Dialect, frozenset[str]] = {Dialect.TRTLLM_TRITON: frozenset({"queue_time"})}
 
 
 def label_key(mode: str, cause: str | None) -> str:
@@ -143,7 +152,8 @@ def score_corpus(manifest: Mapping[str, object], results: Mapping[tuple[str, str
         for inst in vdoc["instances"]:
             t = targets[inst]
             expected = label_key(t["expected"], t["cause"])
-            missing = lacking(Dialect(t["dialect"]), variant)
+            dialect = Dialect(t["dialect"])
+            missing = lacking(dialect, variant) | _NO_QUEUE_EVIDENCE.get(dialect, frozenset())
             state, cause, rule = results.get((vdoc["job"], inst), ("missing", None, ""))
             rep.verdicts.append(Verdict(variant.name, inst, t["dialect"], expected, got_key(state, cause),
                                         blind_to(expected, missing), bool(t["persistent_queue"]), rule,
