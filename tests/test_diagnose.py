@@ -401,3 +401,20 @@ def test_oscillation_ended_eight_minutes_ago_is_no_longer_named() -> None:
     r = run({"t": base(kv_usage=usage, waiting=waiting)})["t"]
     assert r.state is not FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
 
+
+
+def test_a_lifted_limit_that_admits_the_queue_is_not_a_fragmented_stall() -> None:
+    """Issue 11 (no incident after recovery): max_num_seqs restored, or a wedged engine
+    restarted, at the last scrape; the queue is admitted at once (running 4 → 118, nobody
+    waits). The 10m span still reads "a queue, KV free, running not at a ceiling", but the
+    stall is over. A queue that empties for one scrape without such a jump stays a stall."""
+    running = 4 + np.random.default_rng(4).integers(0, 3, N).astype(float)
+    usage, waiting = 0.015 + 0.005 * np.random.default_rng(4).random(N), const(150)
+    lifted_r, lifted_w, lifted_u = running.copy(), waiting.copy(), usage.copy()
+    lifted_r[-1], lifted_w[-1], lifted_u[-1] = 118, 0, 0.40
+    r = run({"t": base(kv_usage=lifted_u, waiting=lifted_w, running=lifted_r)})["t"]
+    assert r.state is not FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]
+    blip = waiting.copy()
+    blip[-1] = 0
+    r = run({"t": base(kv_usage=usage, waiting=blip, running=running)})["t"]
+    assert r.state is FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]

@@ -126,3 +126,10 @@ def test_pinned_tail_reads_how_long_the_current_ceiling_has_held() -> None:
     varying = SeriesStats(t, np.array([20, 24, 17, 21, 25, 19, 22, 16, 23, 18, 24, 20], dtype=float))
     assert REGISTRY["pinned_tail"].series(varying, 0.02) == pytest.approx(1 / 12)
     assert REGISTRY["pinned_tail"].series(SeriesStats(t, np.zeros(12)), 0.02) == 0.0  # nothing running
+
+
+def test_last_above_marks_a_new_high_at_the_end_and_not_a_pinned_series() -> None:
+    t = np.arange(6, dtype=float) * 30
+    assert REGISTRY["last_above"].series(SeriesStats(t, np.array([4, 5, 4, 6, 4, 118], dtype=float)), None) == 1.0
+    assert REGISTRY["last_above"].series(SeriesStats(t, np.full(6, 8.0)), None) == 0.0  # ties are not below
+    assert REGISTRY["last_above"].series(SeriesStats(t[:1], np.array([3.0])), None) is None

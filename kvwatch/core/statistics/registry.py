@@ -156,6 +156,7 @@ _TABLE: tuple[Statistic, ...] = (
     ),
     # walks along one series: no fleet kernel
     Statistic("pinned_tail", False, None, lambda st, arg: st.pinned_tail(0.02 if arg is None else arg)),
+    Statistic("last_above", False, None, lambda st, arg: st.last_above),
     Statistic("period", False, None, lambda st, arg: st.period),
     Statistic("periodicity", False, None, lambda st, arg: st.periodicity),
     Statistic("cycles", False, None, _cycles(1)),

@@ -124,6 +124,16 @@ class SeriesStats:
             return 0.0
         return np.count_nonzero(self.v >= top - max(top * tol, 1.0)) / len(self.v)
 
+    @property
+    def last_above(self) -> float | None:
+        """Fraction of the span's other samples strictly below the last one (1.0: the last
+        sample is a new high, e.g. running right after a raised cap or a restart admitted the
+        queue; a series pinned at its ceiling scores ~0 through the ties). None with < 2."""
+        n = len(self.v)
+        if n < 2:
+            return None
+        return float(np.count_nonzero(self.v[:-1] < self.v[-1])) / (n - 1)
+
     def pinned_tail(self, tol: float = 0.02) -> float | None:
         """Share of the span, counted back from its end, during which the signal sat at one
         ceiling: the longest suffix whose samples all lie within ``tol`` (relative, but at
