@@ -22,7 +22,6 @@ from kvwatch.core.promclient import PromClient
 from kvwatch.core.rules import load_ruleset
 from kvwatch.sim.corpus import default_end_time
 from kvwatch.sim.openmetrics import write_openmetrics
-from kvwatch.sim.phases import draw
 from kvwatch.sim.vocab import Dialect
 from kvwatch.tools.backtest.replay import run_backtest
 
@@ -37,14 +36,11 @@ MIN = 60.0
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bench.Measured]:
     work = tmp_path_factory.mktemp("detect")
-    bench._fault_lengths()
     end = default_end_time()
     runs = {}
     for fault, seed, dialect in (("full", 7, Dialect.VLLM_0_10), ("stalled", 7, Dialect.SGLANG_0_5),
                                  (None, 7, Dialect.TRTLLM_SERVE)):
-        after = bench.TOTAL_S - bench.HEALTHY_S - (bench.FAULT_S[fault] if fault else 0.0)
-        target, run, _ = draw(fault, seed, dialect, end_time=end, healthy_s=bench.HEALTHY_S, after_s=after,
-                              warmup_s=bench.WARMUP_S)
+        target, run, _ = bench._draw((fault, seed, dialect.value, end))  # the benchmark's own schedule
         runs[run.spec.instance()] = (target, run)
     write_openmetrics([r for _, r in runs.values()], work / "fleet.om", job="phases")
     backfill(work / "fleet.om", work / "tsdb")
