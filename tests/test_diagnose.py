@@ -418,3 +418,36 @@ def test_a_lifted_limit_that_admits_the_queue_is_not_a_fragmented_stall() -> Non
     blip[-1] = 0
     r = run({"t": base(kv_usage=usage, waiting=blip, running=running)})["t"]
     assert r.state is FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]
+
+
+def _after_episode(queue_until_min: float, tail_p99: float, last_p99: float | None = None) -> dict[Signal, np.ndarray]:
+    """A queue (20 waiting) from the window's start until ``queue_until_min``; the 10-minute TTFT
+    quantiles carry its tail for 10 more minutes (p99 40 s, mean 8 s), then show the
+    workload's own tail (p99 ``tail_p99``, p50 0.2 s, mean 0.5 s); ``last_p99`` overrides the
+    latest sample only."""
+    minutes = (GRID - GRID[0]) / 60
+    queued = minutes < queue_until_min
+    lagging = minutes < queue_until_min + 10
+    p99 = np.where(lagging, 40.0, tail_p99)
+    if last_p99 is not None:
+        p99[-1] = last_p99
+    return base(kv_usage=np.where(queued, 0.97, 0.4), waiting=np.where(queued, 20.0, 0.0),
+                ttft_p99=p99, ttft_mean=np.where(lagging, 8.0, 0.5), ttft_p50=np.where(lagging, 3.0, 0.2))
+
+
+def test_the_workload_tail_is_misread_once_a_full_latency_window_has_no_queue() -> None:
+    """A queue ended 18 minutes ago; the quantiles of the last 8 minutes hold only requests
+    served without a queue and still show a tail: that tail is the workload's (misread)."""
+    r = run({"t": _after_episode(12, tail_p99=4.0)})["t"]
+    assert r.state is FailureMode.MISREAD and r.primary.rule_id == "misread-ttft-tail-settled", r.diagnoses
+
+
+@pytest.mark.parametrize(("queue_until_min", "tail_p99", "last_p99"), [
+    (12, 0.8, None),  # clean tail once the queue's requests are out of the quantiles: healthy
+    (26, 4.0, None),  # queue ended 4 minutes ago: the quantiles still lag, no new verdict (issue 11 item 5)
+    (0, 1.4, 2.5),  # one sample over the SLO (a bucket interpolation) is not a persistent tail
+])
+def test_no_misread_from_lagging_quantiles_or_a_single_sample(queue_until_min: float, tail_p99: float,
+                                                              last_p99: float | None) -> None:
+    r = run({"t": _after_episode(queue_until_min, tail_p99, last_p99)})["t"]
+    assert r.state is not FailureMode.MISREAD, r.diagnoses

@@ -166,8 +166,15 @@ def test_a_tail_left_by_an_episode_that_ended_before_the_recent_span_is_not_misr
     carry the episode's tail, not a slice of the workload (failure-modes.md: a burst that
     ended long ago is not a current incident)."""
     label = label_trace(_trace(waiting_span=(1000, 1300), queued_tail=60))
-    assert (label.mode, label.cause) == (Mode.IDLE, IdleCause.LOW_DEMAND), label
+    assert label.mode is Mode.HEALTHY, label  # recovered, not misread
     assert label.evidence["ttft_slow_n"] == 0
+
+
+def test_an_empty_pool_that_queued_earlier_in_the_window_is_recovered_not_low_demand() -> None:
+    """Low demand means over-provisioned with no queue over the window; a pool that held a
+    sustained queue 15 minutes ago was short of capacity then (advice to shrink it is wrong)."""
+    assert label_trace(_trace(waiting_span=(1000, 1300))).mode is Mode.HEALTHY
+    assert label_trace(_trace()).cause is IdleCause.LOW_DEMAND
 
 
 def test_misread_needs_a_slice_clearly_over_one_percent() -> None:

@@ -16,8 +16,9 @@ preemptions. The label of a run is read from that record over the last ``window_
 * **batch-limited** (idle): ``max_num_seqs`` binds in most of ``recent_s`` with KV free;
 * with no limit binding in ``recent_s``: **compute-bound** (idle) when the typical request's
   TTFT (per-request truth) breaks the SLO, **misread** when the mean is fine but a slice of
-  requests breaks it, **low demand** (idle) when the pool stays nearly empty, else **healthy**
-  (which includes pools that recovered from an earlier episode). The TTFT truth is read on
+  requests breaks it, **low demand** (idle) when the pool stays nearly empty with no
+  sustained queue anywhere in the window, else **healthy** (which includes pools that
+  recovered from an earlier episode, empty ones too: they were short of capacity minutes ago). The TTFT truth is read on
   the requests that *arrived* in ``recent_s``, outside sustained pressure (30 s bins with
   a queue or preemptions half the time): a request that queued in an episode carries that
   episode's tail, not the workload's. Misread needs the
@@ -204,9 +205,17 @@ def label_trace(trace: Trace, *, window_s: float = WINDOW_S, recent_s: float = R
     if ev["wait"] > QUIET or ev["kv"] > QUIET:
         return lab(None, None, "a queue in part of the recent span, no single limit binding")
     lo, hi = LOW_USAGE
+    # low demand is "over-provisioned, no queue" over the window: a pool that queued requests
+    # in a sustained episode earlier in the window was short of capacity then, and is a
+    # recovered (healthy) pool now, however empty it looks
+    ev["queued_earlier"] = float(hot.any())
+    nearly_empty = ev["usage_p90"] <= lo and not hot.any()
+    recovered_empty = ev["usage_p90"] <= lo and hot.any()
     if "ttft_p50" not in ev:
-        if ev["usage_p90"] <= lo:
+        if nearly_empty:
             return lab(Mode.IDLE, IdleCause.LOW_DEMAND, "arrivals far below capacity")
+        if recovered_empty:
+            return lab(Mode.HEALTHY, None, "recovered from a queue episode earlier in the window")
         return lab(None, None, "too few requests to read latency")
     if ev["ttft_p50"] >= ttft_slo_s:
         if ev["usage_p90"] <= 0.5:
@@ -217,7 +226,8 @@ def label_trace(trace: Trace, *, window_s: float = WINDOW_S, recent_s: float = R
         if ev["ttft_slow_halves"] <= 0.01:
             return lab(None, None, "tail over the SLO in part of the recent span only")
         if ev["ttft_slow_n"] >= slice_hi and ev["ttft_slow"] <= 0.2:
-            rest = ("idle/low_demand" if ev["usage_p90"] <= lo else "healthy" if ev["usage_p90"] >= hi else None)
+            rest = ("idle/low_demand" if nearly_empty else "healthy" if recovered_empty or ev["usage_p90"] >= hi
+                    else None)
             return Label(Mode.MISREAD, None, "a slice of requests breaks the TTFT SLO while the typical one is fast",
                          ev, rest)
         return lab(None, None, "tail over the SLO in too few or too many requests")
@@ -225,8 +235,10 @@ def label_trace(trace: Trace, *, window_s: float = WINDOW_S, recent_s: float = R
         return lab(None, None, "tail near the SLO")
     if ev["ttft_slow_n"] >= 1 and ev["ttft_slow_n"] > slice_lo:
         return lab(None, None, "slow slice too close to 1 % of requests: p99 against the SLO is a draw")
-    if ev["usage_p90"] <= lo:
+    if nearly_empty:
         return lab(Mode.IDLE, IdleCause.LOW_DEMAND, "arrivals far below capacity")
+    if recovered_empty:
+        return lab(Mode.HEALTHY, None, "recovered from a queue episode earlier in the window")
     if ev["usage_p90"] < hi:
         return lab(None, None, "pool on the border of nearly empty")
     return lab(Mode.HEALTHY, None, "no limit binds")
