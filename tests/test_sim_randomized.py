@@ -112,6 +112,9 @@ def test_exemptions_are_narrow() -> None:
     assert blind_to("full", frozenset({"waiting", "preemptions", "queue_time"})) == {"waiting", "preemptions", "queue_time"}
     assert blind_to("healthy", frozenset({"waiting"})) == frozenset()
     assert blind_to("idle/stalled", frozenset({"waiting"})) == {"waiting"}  # nobody leaves a wedged queue
+    # a nearly empty pool with a queue is batch-limited or stalled, not low demand: no queue evidence, no verdict
+    assert blind_to("idle/low_demand", frozenset({"waiting", "queue_time"})) == {"waiting", "queue_time"}
+    assert blind_to("idle/low_demand", frozenset({"waiting"})) == frozenset()
     assert blind_to("misread", frozenset({"ttft"})) == {"ttft"}
     assert blind_to("misread", frozenset({"waiting"})) == frozenset()  # preemptions rule out a queue-made tail
     assert blind_to("misread", frozenset({"waiting", "preemptions"})) == {"waiting", "preemptions"}

@@ -43,10 +43,12 @@ DECIDING: dict[str, tuple[frozenset[str], ...]] = {
     "fragmented": (frozenset({"kv_usage"}), _QUEUE | {"preemptions"}, frozenset({"running"})),
     # the tail must not come from a queue: full, oscillating and fragmented need ruling out
     "misread": (frozenset({"ttft"}), frozenset({"waiting", "preemptions"})),
-    "idle/low_demand": (frozenset({"kv_usage"}),),
+    # a nearly empty pool may still hold a queue (a max_num_seqs ceiling, a policy stall at
+    # low usage): like healthy, low demand and compute-bound rule those out with queue evidence
+    "idle/low_demand": (frozenset({"kv_usage"}), _QUEUE),
     "idle/batch_limited": (frozenset({"kv_usage"}), _QUEUE, frozenset({"running"})),
     "idle/stalled": (frozenset({"waiting"}), frozenset({"running", "token_counters", "request_counters"})),
-    "idle/compute_bound": (frozenset({"kv_usage"}), frozenset({"ttft"})),
+    "idle/compute_bound": (frozenset({"kv_usage"}), frozenset({"ttft"}), _QUEUE),
 }
 
 
