@@ -9,8 +9,8 @@ still runs that code on the data every time.
 
 Where: ``$KVWATCH_TEST_CACHE`` or ``~/.cache/kvwatch-tests``; ``KVWATCH_TEST_CACHE=off`` builds
 in a temporary directory every time. Entries are written to a temporary name and renamed
-into place, so parallel runs never see half an entry; older entries of the same name are
-removed.
+into place, so parallel runs never see half an entry; entries of the same name unused for
+6 hours are removed when a new one is made.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from support.prom import PROMTOOL
 
-_KEEP = 2  # entries per name (another branch's generator may be in use in parallel)
+_UNUSED_S = 6 * 3600.0  # an entry of the same name unused this long is removed when a new one is made
 
 
 def _generator_sources(modules: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -90,7 +91,11 @@ def generated(name: str, params: dict[str, Any], modules: tuple[str, ...], make:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    old = sorted((p for p in root.glob(f"{name}-*") if p != final), key=lambda p: p.stat().st_mtime, reverse=True)
-    for stale in old[_KEEP - 1:]:
-        shutil.rmtree(stale, ignore_errors=True)
+    for other in [*root.glob(f"{name}-*"), *root.glob(f".{name}-*")]:  # the latter: builds that were killed
+        try:  # only entries nobody used for hours: a parallel run on other code may be reading its own
+            unused = time.time() - other.stat().st_mtime > _UNUSED_S
+        except OSError:
+            continue
+        if other != final and unused:
+            shutil.rmtree(other, ignore_errors=True)
     return final
