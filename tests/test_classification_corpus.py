@@ -88,16 +88,16 @@ def test_per_mode_precision_recall_counting_every_target(corpus) -> None:
     print("\n" + overall.table())
     base = rep.modes("base")
     assert overall.total >= 60
-    assert base.macro_f1 >= 0.85, _misses(rep)
-    assert overall.macro_f1 >= 0.8, _misses(rep)
+    assert base.macro_f1 >= 0.9, _misses(rep)
+    assert overall.macro_f1 >= 0.9, _misses(rep)
     for s in overall.scores:
         if s.support >= 3:
-            assert s.precision >= 0.7 and s.recall >= 0.6, (s, _misses(rep))
+            assert s.precision >= 0.8 and s.recall >= 0.75, (s, _misses(rep))
 
 
 def test_no_healthy_target_flagged_and_no_queue_called_healthy(corpus) -> None:
     _, rep, _, _ = corpus
-    assert not rep.healthy_flagged("base"), rep.healthy_flagged("base")
+    assert not rep.healthy_flagged(), rep.healthy_flagged()  # in every variant
     assert not rep.queue_called_healthy(), rep.queue_called_healthy()
     failed = rep.failure_called_healthy()
     assert len(failed) <= 0.1 * len(rep.scored()), failed
