@@ -343,6 +343,36 @@ def test_explain_lists_every_condition_and_the_near_miss() -> None:
     assert plain.state is r.state and all(not c.conditions for c in plain.checks)
 
 
+def test_explain_shows_any_all_not_groups_so_alternatives_do_not_read_as_contradictions() -> None:
+    """fragmented's progress guard is `any: [gen_tps > 0, all: [gen_tps <= 0 (missing: true), completion > 0]]`:
+    flattened, "gen_tps > 0 met" next to "gen_tps <= 0 not met" reads as a contradiction; the groups are shown."""
+    from datetime import UTC, datetime
+
+    from kvwatch.core.explain import explain_text
+    from kvwatch.core.models import Evaluation
+
+    sigs = base(kv_usage=const(0.4), waiting=const(6))
+    targets = [Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m")]
+    data = FleetData(grid=GRID, targets={t.key: t for t in targets})
+    data.sourced[targets[0].key] = set(sigs)
+    for s, v in sigs.items():
+        data.put(targets[0].key, s, v)
+    params = Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0)
+    (r,) = diagnose(targets, data, RULES, params, explain=frozenset({targets[0].key}))
+    text = explain_text(r, Evaluation(evaluated_at=datetime.fromtimestamp(AT, tz=UTC), results=(r,), window_s=WINDOW))
+    block = text.split("fragmented-admission-stall (fragmented)")[1].split("\n\n")[0].splitlines()[1:]
+    heads = [i for i, line in enumerate(block) if line.strip() == "any of:"]
+    assert heads, block
+    # the alternatives of the progress guard sit under one "any of:", indented below it
+    first = block[heads[0] + 1]
+    assert "gen_tps.min over 10m" in first and len(first) - len(first.lstrip()) > len(block[heads[0]]) - len(block[heads[0]].lstrip())
+    nested = next(i for i in range(heads[0] + 1, len(block)) if block[i].strip() == "all of:")
+    assert "gen_tps.min" in block[nested + 1] and "<= 0" in block[nested + 1]
+    assert any(line.strip() == "not:" for line in block), block
+    # top-level conditions stay at the first indent
+    assert block[0].startswith("    ") and not block[0].startswith("     "), block[0]
+
+
 def _fill_drain_refill(peak_queue: float, refill_queue: float) -> dict[Signal, np.ndarray]:
     """Healthy at 60 % for most of the window, then one 5-minute cycle (2 min pinned with a
     queue, 3 min drained) and the next fill under way for 2.5 min: 1.5 periods after the change."""

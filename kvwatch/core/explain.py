@@ -46,6 +46,27 @@ def _cond_text(c: Condition) -> str:
     return f"{stat}{where}: {obs} {c.op} {thr}"
 
 
+_GROUP_HEAD = {"all": "all of:", "any": "any of:", "not": "not:"}
+
+
+def group_headers(path: str, seen: set[str]) -> list[tuple[int, str]]:
+    """Headers of the nested groups a condition sits in, each once per rule, with their depth.
+
+    ``path`` is the condition's place in the rule (``when.all[7].not.all[0].any[1]``); the
+    node at ``when.all[7]`` is a ``not`` because its child segment is ``not``, and so on.
+    Depth 0 is a top-level part of the rule. Printing the groups keeps alternatives such as
+    ``any: [gen_tps > 0, all: [gen_tps <= 0, completion > 0]]`` from reading as a contradiction.
+    """
+    segs = path.split(".")[1:]
+    out: list[tuple[int, str]] = []
+    for k in range(1, len(segs)):
+        prefix = ".".join(segs[:k])
+        if prefix not in seen:
+            seen.add(prefix)
+            out.append((k - 1, _GROUP_HEAD[segs[k].split("[")[0]]))
+    return out
+
+
 def rule_line(rc: RuleCheck) -> str:
     """``full-kv-pressure (full): not matched — 2 of 3 conditions met; near miss: kv_usage.p10 …``."""
     held = sum(p is True for p in rc.parts)
@@ -74,7 +95,10 @@ def explain_text(r: TargetResult, ev: Evaluation) -> str:
     ]
     for rc in r.checks:
         lines.append(rule_line(rc))
+        seen: set[str] = set()
         for c in rc.conditions:
+            lines.extend(f"    {'  ' * depth}{head}" for depth, head in group_headers(c.path, seen))
+            indent = "    " + "  " * max(0, c.path.count(".") - 1)
             mark = _MARK[c.met]
             extra = []
             if c.negated:
@@ -88,7 +112,7 @@ def explain_text(r: TargetResult, ev: Evaluation) -> str:
                 extra.append(f"near miss, {gap:.0%} short")
             tail = f"  ({'; '.join(extra)})" if extra else ""
             outcome = {True: "met", False: "not met", None: "undecidable"}[c.met]
-            lines.append(f"    {mark} {_cond_text(c)} → {outcome}{tail}")
+            lines.append(f"{indent}{mark} {_cond_text(c)} → {outcome}{tail}")
         lines.append("")
     if r.blocking:
         lines.append(f"blind spots that blocked a decision: {', '.join(r.blocking)}")
