@@ -257,6 +257,22 @@ def test_persistent_queue_is_never_healthy() -> None:
     assert r.primary.severity is Severity.WARNING
 
 
+@pytest.mark.parametrize(("empty_s", "state"), [
+    (30.0, FailureMode.UNKNOWN),  # one empty sample: a drain of the last scrape, not a recovery
+    (240.0, FailureMode.HEALTHY),  # empty for 4 minutes: the queue ended, an after-effect is not persistent
+])
+def test_a_queue_drained_in_the_last_sample_is_still_persistent(empty_s: float, state: FailureMode) -> None:
+    """Requests queued most of the last 10 minutes and the last sample shows none (a 60 s
+    scrape that landed just after a drain, a periodic cycle ending at its trough): one empty
+    sample does not make the queue a recovered one (issue 11: a persistent queue is never
+    healthy); a queue empty for minutes does."""
+    waiting = const(3)
+    waiting[-int(empty_s // STEP):] = 0
+    r = run({"t": base(kv_usage=const(0.82), waiting=waiting)})["t"]
+    assert all(v.verdict is Verdict.NOT_MATCHED for v in r.modes), r.modes
+    assert r.state is state, r.primary
+
+
 def test_higher_mode_pointed_at_but_undecidable_beats_a_lower_match() -> None:
     """A saturated replica whose pressure signals vanished: full cannot be excluded, so not misread."""
     fleet = {f"r{i}": base(kv_usage=const(0.25)) for i in range(4)}

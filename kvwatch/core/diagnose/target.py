@@ -15,6 +15,7 @@ from kvwatch.core.diagnose.context import TemplateContext
 from kvwatch.core.diagnose.facts import facts_for
 from kvwatch.core.diagnose.verdicts import (
     PERSISTENT_QUEUE_SPAN_S,
+    QUEUE_CLEARED_S,
     StateDecision,
     decide,
     mode_verdicts,
@@ -182,8 +183,11 @@ def diagnose_target(
     modes = mode_verdicts(checks)
     queue_span = min(PERSISTENT_QUEUE_SPAN_S, p.window_s)
     queue_frac = view.stat("waiting", queue_span, "frac_above", 0.5)
-    if queue_frac is not None and (view.stat("waiting", queue_span, "last") or 0.0) < 0.5:
-        queue_frac = 0.0  # nobody waits now: the queue ended with a recovered episode, it is not persistent
+    cleared_span = min(max(QUEUE_CLEARED_S, 2 * p.step_s), queue_span)
+    if queue_frac is not None and (view.stat("waiting", cleared_span, "max") or 0.0) < 0.5:
+        # nobody waited for the last minute: the queue ended with a recovered episode, it is
+        # not persistent (a single empty sample is not enough: the 60 s scrape that caught a drain)
+        queue_frac = 0.0
     decision = decide(modes, queue_frac)
     blocking = decision.blocking
     if decision.state is FailureMode.UNKNOWN:
