@@ -30,6 +30,9 @@ pytestmark = [pytest.mark.prometheus]
 SLOW = fleet.Profile("slow", kv=0.3, running=8, req_rate=1.0, ttft_median=60.0, ttft_sigma=0.3)
 #: a fine median and a tail beyond the top bucket: the misread signature, p99 only a bound
 TAIL = fleet.Profile("tail", kv=0.3, running=8, req_rate=2.0, ttft_median=0.3, ttft_sigma=1.9)
+#: a fine median and a true p99 of 1.85 s (under the 2 s SLO) whose rank falls into the
+#: (1.0, 2.5] bucket: ``histogram_quantile`` interpolates it to ~2.3 s, over the SLO
+STRADDLE = fleet.Profile("straddle", kv=0.3, running=8, req_rate=2.0, ttft_median=0.15, ttft_sigma=1.08)
 
 
 def _render(w: fleet._Writer, instance: str, profile: fleet.Profile, end: float) -> None:
@@ -47,6 +50,7 @@ def evaluation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     w = fleet._Writer()
     _render(w, "slow:8000", SLOW, end)
     _render(w, "tail:8000", TAIL, end)
+    _render(w, "straddle:8000", STRADDLE, end)
     work = tmp_path_factory.mktemp("bounds")
     backfill(w.text(), work / "data")
     with prometheus(tsdb=work / "data") as url:
@@ -84,3 +88,16 @@ def test_tail_ratio_is_a_bound_not_a_fake_number(evaluation) -> None:
     assert "p99 is > 10.00s" in r.primary.summary and "(> " in r.primary.summary
     ratio = next(e for e in r.primary.evidence if e.signal == "ttft_tail_ratio")
     assert ratio.lower_bound and ratio.observed >= 10
+
+
+def test_a_quantile_in_the_slo_bucket_does_not_decide_the_slo(evaluation) -> None:
+    """The SLO (2 s) lies inside the bucket (1.0, 2.5] the p99 rank falls into: the
+    interpolated 2.3 s says only "between 1 and 2.5 s", so "p99 > SLO" is undecided,
+    never a misread diagnosis (the true p99 here is 1.85 s)."""
+    r = _target(evaluation, "straddle:8000")
+    assert r.state is not FailureMode.MISREAD, r.primary and r.primary.summary
+    for rule in ("misread-ttft-tail", "misread-ttft-tail-settled"):
+        check = next(c for c in r.checks if c.rule_id == rule)
+        assert check.verdict is Verdict.UNDECIDABLE and "ttft_p99" in check.unknown, (rule, check)
+    # a tail past the SLO's bucket is still decided
+    assert _target(evaluation, "tail:8000").state is FailureMode.MISREAD

@@ -254,9 +254,9 @@ def bucket_query(src: Source, user_matchers: str) -> str:
     return f"group by ({BY}, le) ({sel})"
 
 
-def top_finite_le(rows: list[Series]) -> dict[TargetKey, float]:
-    """Per target, the highest finite ``le`` of the histogram rows (``+Inf`` and junk ignored)."""
-    out: dict[TargetKey, float] = {}
+def finite_les(rows: list[Series]) -> dict[TargetKey, tuple[float, ...]]:
+    """Per target, the finite ``le`` bounds of the histogram rows, ascending (``+Inf`` and junk ignored)."""
+    acc: dict[TargetKey, set[float]] = defaultdict(set)
     for row in rows:
         m = row.get("metric") if isinstance(row, dict) else None
         if not isinstance(m, dict):
@@ -267,20 +267,21 @@ def top_finite_le(rows: list[Series]) -> dict[TargetKey, float]:
             continue
         if not math.isfinite(le):
             continue
-        key = TargetKey(str(m.get("job", "")), str(m.get("instance", "")))
-        out[key] = max(le, out.get(key, -math.inf))
-    return out
+        acc[TargetKey(str(m.get("job", "")), str(m.get("instance", "")))].add(le)
+    return {k: tuple(sorted(v)) for k, v in acc.items()}
 
 
-def bucket_ceilings(
+def bucket_layouts(
     client: QueryClient, targets: list[Target], user_matchers: str, at: datetime
-) -> dict[TargetKey, dict[Signal, float]]:
-    """Per target and quantile signal, the bound ``histogram_quantile`` clamps to (signal units).
+) -> dict[TargetKey, dict[Signal, tuple[float, ...]]]:
+    """Per target and quantile signal, the finite histogram bucket bounds (signal units, ascending).
 
+    The highest is the bound ``histogram_quantile`` clamps to; the others say which bucket an
+    interpolated quantile lies in (the only thing the histogram knows about it).
     One instant query per histogram family in use. A family Prometheus refuses leaves its
-    targets without a bound: quantiles stay as they are (never a reason to fail a cycle).
+    targets without a layout: quantiles stay as they are (never a reason to fail a cycle).
     The answer depends on each target's own bucket series only, so measuring a superset
-    of targets gives every target the same bound.
+    of targets gives every target the same layout.
     """
     uses: dict[tuple[Signal, Source], set[TargetKey]] = defaultdict(set)
     for t in targets:
@@ -290,16 +291,21 @@ def bucket_ceilings(
     fams: dict[str, list[tuple[Signal, set[TargetKey], Source]]] = defaultdict(list)
     for (sig, src), keys in uses.items():
         fams[bucket_query(src, user_matchers)].append((sig, keys, src))
-    out: dict[TargetKey, dict[Signal, float]] = {}
+    out: dict[TargetKey, dict[Signal, tuple[float, ...]]] = {}
     for q, fam in sorted(fams.items()):
         try:
-            tops = top_finite_le(client.instant(q, at))
+            les = finite_les(client.instant(q, at))
         except PrometheusBadResponse:
             continue
         for sig, keys, src in fam:
-            for key in keys & tops.keys():
-                out.setdefault(key, {})[sig] = tops[key] * src.scale
+            for key in keys & les.keys():
+                out.setdefault(key, {})[sig] = tuple(le * src.scale for le in les[key])
     return out
+
+
+def ceilings_of(layouts: Mapping[TargetKey, Mapping[Signal, tuple[float, ...]]]) -> dict[TargetKey, dict[Signal, float]]:
+    """The highest finite bound of each layout (what ``histogram_quantile`` clamps to)."""
+    return {k: {s: les[-1] for s, les in sigs.items() if les} for k, sigs in layouts.items()}
 
 
 def collect(
@@ -317,6 +323,7 @@ def collect(
     triton_model: str = "",
     hold_static: bool = True,
     ceilings: Mapping[TargetKey, Mapping[Signal, float]] | None = None,
+    layouts: Mapping[TargetKey, Mapping[Signal, tuple[float, ...]]] | None = None,
 ) -> FleetData:
     """Fetch every signal of every target over [at − window, at] on a ``step_s`` grid.
 
@@ -326,8 +333,9 @@ def collect(
     ``hold_static`` False fetches static signals (pool size, max concurrency) over the
     window too: a backtest replays every instant of a long span, and a value read at its
     end would leak into earlier steps (a cap cut and restored inside the span).
-    ``ceilings`` (default: measured now with :func:`bucket_ceilings`) are the histogram
-    bounds when the caller already knows them (the service refreshes them with discovery).
+    ``ceilings`` (default: measured now with :func:`bucket_layouts`) are the histogram
+    bounds when the caller already knows them (the service refreshes them with discovery);
+    ``layouts`` the whole bucket bounds with them (None with given ceilings: not known).
     """
     end = at.timestamp()
     n = int(window_s // step_s)
@@ -376,8 +384,11 @@ def collect(
     with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
         answers = list(pool.map(run, sorted(queries)))
     if ceilings is None:
-        ceilings = bucket_ceilings(client, targets, user_matchers, at)
+        layouts = bucket_layouts(client, targets, user_matchers, at)
+        ceilings = ceilings_of(layouts)
     data.ceilings = {t.key: dict(ceilings[t.key]) for t in targets if t.key in ceilings}
+    layouts = layouts or {}
+    data.buckets = {t.key: dict(layouts[t.key]) for t in targets if t.key in layouts}
     # vllm:cache_config_info: one pool per data-parallel engine; a config change within
     # the window gives an engine several rows (keep its largest), engines are summed.
     pools: dict[tuple[TargetKey, Signal], dict[str, np.ndarray]] = defaultdict(dict)

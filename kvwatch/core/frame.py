@@ -34,6 +34,9 @@ class FleetData:
     #: highest finite histogram bucket bound per target and quantile signal (signal units):
     #: a quantile sample equal to it is only a lower bound (see kvwatch.bounds)
     ceilings: dict[TargetKey, dict[Signal, float]] = field(default_factory=dict)
+    #: every finite histogram bucket bound per target and quantile signal (signal units,
+    #: ascending): a quantile sample says only which bucket the quantile lies in
+    buckets: dict[TargetKey, dict[Signal, tuple[float, ...]]] = field(default_factory=dict)
     #: the rate window the counters were read with, s (0: not recorded)
     rate_window_s: float = 0.0
     #: the scrape interval measured from the data, s (None: not measured)

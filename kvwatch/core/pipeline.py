@@ -8,11 +8,17 @@ diagnosis on the parts it fetches.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from kvwatch.config import Settings
-from kvwatch.core.collect import bucket_ceilings, collect, instances_matcher, join_matchers
+from kvwatch.core.collect import (
+    bucket_layouts,
+    ceilings_of,
+    collect,
+    instances_matcher,
+    join_matchers,
+)
 from kvwatch.core.diagnose import Params, diagnose
 from kvwatch.core.discover import discover
 from kvwatch.core.explain import explain_keys
@@ -46,11 +52,13 @@ class Probes:
 
     ``interval_s``: the scrape interval (``core/scrape.py``; None: not measurable), which
     widens the rate and latency windows. ``ceilings``: per target and quantile signal the
-    highest finite histogram bound in signal units (``collect.bucket_ceilings``).
+    highest finite histogram bound in signal units (``collect.ceilings_of``); ``layouts``:
+    every finite bound (``collect.bucket_layouts``; empty: not measured).
     """
 
     interval_s: float | None
     ceilings: Mapping[TargetKey, Mapping[Signal, float]]
+    layouts: Mapping[TargetKey, Mapping[Signal, tuple[float, ...]]] = field(default_factory=dict)
 
 
 def _matchers(settings: Settings, targets: list[Target], only_these: bool) -> str:
@@ -68,7 +76,8 @@ def measure_probes(client: QueryClient, settings: Settings, targets: list[Target
     if not targets:
         return Probes(None, {})
     matchers = _matchers(settings, targets, False)
-    return Probes(detect_interval(client, at, targets, matchers), bucket_ceilings(client, targets, matchers, at))
+    layouts = bucket_layouts(client, targets, matchers, at)
+    return Probes(detect_interval(client, at, targets, matchers), ceilings_of(layouts), layouts)
 
 
 def collect_targets(
@@ -103,6 +112,7 @@ def collect_targets(
         max_concurrency=settings.prometheus.max_concurrency,
         triton_model=settings.discovery.triton_model,
         ceilings=None if probes is None else probes.ceilings,
+        layouts=None if probes is None else probes.layouts,
     )
     data.rate_window_s, data.scrape_interval_s = rate_s, interval
     return data

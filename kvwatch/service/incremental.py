@@ -87,6 +87,7 @@ def splice(old: FleetData, new: FleetData, grid: np.ndarray, modes: Modes, hold_
     m0 = n1 - len(new.grid)
     k = int(np.rint((grid[-1] - old.grid[-1]) / (grid[1] - grid[0]))) if n1 > 1 else 0
     out = FleetData(grid=grid, targets=dict(new.targets), sourced=dict(new.sourced), ceilings=dict(new.ceilings),
+                    buckets=dict(new.buckets),
                     rate_window_s=new.rate_window_s, scrape_interval_s=new.scrape_interval_s)
     for key in new.targets:
         sigs = set(old.series.get(key, {})) | set(new.series.get(key, {}))
@@ -212,6 +213,7 @@ class IncrementalEvaluator:
                 data.series.update(whole.series)
                 data.targets.update(whole.targets)
                 data.ceilings.update(whole.ceilings)
+                data.buckets.update(whole.buckets)
             for t in targets:
                 data.sourced[t.key] = set(resolve(t))
             data.targets = {t.key: t for t in targets}

@@ -18,6 +18,7 @@ from kvwatch.core.models import Condition, Evidence
 from kvwatch.core.rules import Group, Leaf, Rule
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
+_ORDERING = frozenset({">", ">=", "<", "<="})
 _NEGATE = {">": "<=", ">=": "<", "<": ">=", "<=": ">", "==": "!=", "!=": "=="}
 
 
@@ -93,6 +94,14 @@ class RuleEval:
         if bound == "?":
             self.unknown.add(name)
             self._record(path, name, stat, window, leaf, thr, obs, None, negated, "beyond the last histogram bucket")
+            return None
+        inside = self.view.bucket(name, leaf.stat, obs, thr) if leaf.signal is not None and leaf.op in _ORDERING else None
+        if inside is not None:
+            # an interpolated quantile in the threshold's own bucket: the true value may be
+            # on either side of the threshold
+            self.unknown.add(name)
+            note = f"in the histogram bucket ({inside[0]:g}, {inside[1]:g}] that holds the threshold"
+            self._record(path, name, stat, window, leaf, thr, obs, None, negated, note)
             return None
         ok = bool(_OPS[leaf.op](obs, thr))
         if bound == ">" and not _holds_for_lower_bound(leaf.op, ok):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvwatch.core.bounds import Bound, clamped, classify
+from kvwatch.core.bounds import ORDER_STATS, Bound, clamped, classify, straddled
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target
 from kvwatch.core.signals import Signal
@@ -100,6 +100,16 @@ class TargetView:
             mask = clamped(vals, c)
         ok = np.isfinite(vals)
         return classify(stat, arg, value, vals[ok], mask[ok])
+
+    def bucket(self, name: str, stat: str, value: float, threshold: float) -> tuple[float, float] | None:
+        """The histogram bucket ``(lo, hi]`` that holds ``value`` (an order statistic of the
+        quantile signal ``name``) when ``threshold`` lies inside it: the comparison is then
+        undecided by the data. None when decided or the bucket layout is not known."""
+        if stat not in ORDER_STATS:
+            return None
+        sig = Signal._value2member_map_.get(name)
+        bounds = self.data.buckets.get(self.key, {}).get(sig) if sig is not None else None  # type: ignore[call-overload]
+        return straddled(value, threshold, bounds) if bounds else None
 
     def raw(self, name: str) -> np.ndarray | None:
         """This target's row of a canonical or derived signal (derived ones are defined once,

@@ -24,7 +24,7 @@ class WindowData(FleetData):
         lo = int(np.searchsorted(base.grid, at - window_s - _EPS, side="left"))
         hi = int(np.searchsorted(base.grid, at + _EPS, side="right"))
         super().__init__(grid=base.grid[lo:hi], targets=base.targets, sourced=base.sourced, extras=base.extras,
-                         ceilings=base.ceilings)
+                         ceilings=base.ceilings, buckets=base.buckets)
         self._base = base
         self._slice = slice(lo, hi)
 
@@ -56,6 +56,8 @@ class StepView(FleetData):
                 self.extras[t.key] = src.extras[t.key]
             if src is not None and t.key in src.ceilings:
                 self.ceilings[t.key] = src.ceilings[t.key]
+            if src is not None and t.key in src.buckets:
+                self.buckets[t.key] = src.buckets[t.key]
 
     def values(self, key: TargetKey, signal: Signal) -> np.ndarray | None:
         i = self._route.get(key)
