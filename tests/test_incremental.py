@@ -103,6 +103,8 @@ def _compare(inc: Evaluation, full: Evaluation, inc_data: FleetData, full_data: 
             problems.append(f"{key}: results differ (evidence, facts, blind spots or rule checks)")
         if inc_data.ceilings.get(key) != full_data.ceilings.get(key):
             problems.append(f"{key}: bucket ceilings {inc_data.ceilings.get(key)} != {full_data.ceilings.get(key)}")
+        if inc_data.buckets.get(key) != full_data.buckets.get(key):
+            problems.append(f"{key}: bucket layouts {inc_data.buckets.get(key)} != {full_data.buckets.get(key)}")
         if [(d.mode, d.severity, d.summary) for d in mine.diagnoses] != [
                 (d.mode, d.severity, d.summary) for d in r.diagnoses]:
             problems.append(f"{key}: diagnoses differ")
@@ -200,6 +202,7 @@ def test_a_rediscovered_target_is_fetched_whole_with_its_bucket_ceilings(live: s
     inc.data.targets.pop(with_ceilings[0])
     inc.data.series.pop(with_ceilings[0], None)
     inc.data.ceilings.pop(with_ceilings[0])
+    inc.data.buckets.pop(with_ceilings[0])
     got = inc(client, settings, rules, at)
     assert inc.last_mode == "incremental", inc.last_mode
     full, full_data = _full(live, settings, rules, at)
