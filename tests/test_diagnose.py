@@ -249,8 +249,10 @@ def test_a_signal_silent_for_minutes_does_not_speak_for_now() -> None:
 
 
 def test_persistent_queue_is_never_healthy() -> None:
-    """Every mode decided and none matched, yet requests queue all the time: unknown, with the reason."""
-    r = run({"t": base(kv_usage=const(0.82), waiting=const(3))})["t"]
+    """Every mode decided and none matched, yet requests queue all the time: unknown, with the reason.
+    Running pinned at 40 on a pool 82 % used: too busy for batch-limited, under the full line,
+    and the pinned batch rules out a policy stall (fragmented)."""
+    r = run({"t": base(kv_usage=const(0.82), waiting=const(3), running=const(40))})["t"]
     assert all(v.verdict is Verdict.NOT_MATCHED for v in r.modes), r.modes
     assert r.state is FailureMode.UNKNOWN
     assert r.primary is not None and "queued in 100% of the last 10 minutes" in r.primary.summary
@@ -497,3 +499,14 @@ def test_no_misread_from_lagging_quantiles_or_a_single_sample(queue_until_min: f
                                                               last_p99: float | None) -> None:
     r = run({"t": _after_episode(queue_until_min, tail_p99, last_p99)})["t"]
     assert r.state is not FailureMode.MISREAD, r.diagnoses
+
+
+def test_a_watermark_stall_at_84_percent_is_fragmented_not_undecided() -> None:
+    """Issue 11: a 10-20 % watermark (or reservation) holds the pool flat at 84 % used while
+    requests queue and running varies well under any ceiling. That is below the full line
+    (full-kv-pressure needs a median of 85 %), so the pool still reports headroom; the
+    fragmented guard must reach that line too, or the gap 0.80-0.85 belongs to no rule."""
+    usage = 0.84 + 0.006 * np.random.default_rng(5).standard_normal(N)
+    running = 200 + np.random.default_rng(6).integers(-25, 25, N).astype(float)
+    r = run({"t": base(kv_usage=usage, waiting=const(1700), running=running, preemptions=const(0))})["t"]
+    assert r.state is FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]
