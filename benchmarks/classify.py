@@ -103,7 +103,8 @@ def report(doc: dict, rep: HonestReport, fired: set[tuple[str, str]], timing: di
                f" (and called unknown: {len(rep.healthy_unknown())})")
     out.append(f"persistent-queue targets called healthy: {len(rep.queue_called_healthy())}")
     out.append(f"failure-mode targets called healthy: {len(rep.failure_called_healthy())}")
-    out.append(f"abstentions (unknown where the target cannot export what decides it): {len(rep.abstentions())}")
+    out.append(f"abstentions (unknown, or all the dialect shows, where the target cannot export what decides it): "
+               f"{len(rep.abstentions())}")
     out.append("")
     out.append(f"{'variant':<22} {'n':>4} {'macro-F1':>8} {'accuracy':>8} {'unknown':>7} {'healthy flagged':>15}"
                f" {'queue→healthy':>13} {'fail→healthy':>12} {'abstained':>9} {'base, same':>10}"

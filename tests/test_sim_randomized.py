@@ -216,3 +216,20 @@ def test_misread_scoring_abstains_where_the_engine_cannot_show_the_tail() -> Non
     rep = score_corpus(doc, results, [BASE])
     assert sorted(v.instance for v in rep.abstentions()) == ["a", "c"]
     assert sorted(v.instance for v in rep.misses()) == ["b", "d"]  # d exports TTFT: it must see the tail
+
+
+def test_a_tgi_reservation_stall_read_as_full_is_an_abstention() -> None:
+    """TGI's allocator takes blocks for prompt + max_new_tokens at admission, and its only KV
+    gauge (``tgi_batch_current_max_tokens``) counts them: a reservation-bound TGI pool reports
+    itself full, so ``full`` is all that engine shows of a fragmented stall (failure-modes.md:
+    fragmented needs the pool to *report* headroom). It is counted apart, not as a hit; any
+    other wrong answer on TGI, and ``full`` on an engine that reports used blocks, stay misses."""
+    doc = {"variants": [{"name": "base", "job": "j", "instances": ["a", "b", "c", "d"]}], "targets": [
+        {"instance": i, "dialect": d, "expected": "fragmented", "cause": None, "persistent_queue": True}
+        for i, d in (("a", "tgi"), ("b", "tgi"), ("c", "vllm-0.10"), ("d", "tgi"))]}
+    results = {("j", "a"): ("full", None, "full-kv-pressure"), ("j", "b"): ("idle", "batch_limited", "x"),
+               ("j", "c"): ("full", None, "full-kv-pressure"), ("j", "d"): ("fragmented", None, "f")}
+    rep = score_corpus(doc, results, [BASE])
+    assert [v.instance for v in rep.abstentions()] == ["a"]
+    assert sorted(v.instance for v in rep.misses()) == ["b", "c"]
+    assert [v.instance for v in rep.scored() if v.expected == v.got] == ["d"]

@@ -10,7 +10,9 @@ dialect never exports them, or the variant dropped them, see
 with one exception: a ``misread`` target that cannot show TTFT (Triton, TGI, a Dynamo
 worker, the no-TTFT variant) may answer what the pool is without its tail (``without_tail``
 of its label: ``idle/low_demand`` or ``healthy``); that is all such an engine shows, and it
-is an abstention too, not a hit.
+is an abstention too, not a hit. Likewise :data:`SHOWN_AS`: where an engine's own
+accounting makes a label look like another mode (TGI allocates reserved blocks, so a
+reservation stall reports a full pool), that other answer is an abstention too.
 
 ``misread`` is decided by TTFT *and* by ruling out the modes above it: a tail caused by a
 queue (full, oscillating, fragmented) looks the same in TTFT, so a target that exports
@@ -57,6 +59,15 @@ DECIDING: dict[str, tuple[frozenset[str], ...]] = {
 _NO_QUEUE_EVIDENCE: dict[Dialect, frozenset[str]] = {Dialect.TRTLLM_TRITON: frozenset({"queue_time"})}
 
 
+#: dialect -> {label: the answer that is all the dialect shows of that label}. TGI v3 admits a
+#: request by allocating blocks for prompt + max_new_tokens (backends/v3/src/queue.rs) and its
+#: only KV gauge, ``tgi_batch_current_max_tokens``, sums those: a reservation-bound pool has
+#: no free blocks in TGI's accounting and reports itself full, never the headroom fragmented
+#: needs (failure-modes.md). The sim also draws watermark-only stalls on TGI, which do report
+#: headroom; a ``full`` there is excused too (a looseness, not a credit: abstentions are not scored).
+SHOWN_AS: dict[Dialect, dict[str, str]] = {Dialect.TGI: {"fragmented": "full"}}
+
+
 def label_key(mode: str, cause: str | None) -> str:
     return f"{mode}/{cause}" if mode == "idle" and cause else mode
 
@@ -79,9 +90,12 @@ class Verdict:
     persistent_queue: bool
     rule: str = ""
     without_tail: str | None = None  # misread label: what the pool is without its tail
+    shown_as: str | None = None  # what the dialect's own accounting shows of the label (SHOWN_AS)
 
     @property
     def abstained(self) -> bool:
+        if self.shown_as is not None and self.got == self.shown_as:
+            return True
         if not self.exempt:
             return False
         return self.got == "unknown" or ("ttft" in self.exempt and self.got == self.without_tail)
@@ -159,5 +173,5 @@ def score_corpus(manifest: Mapping[str, object], results: Mapping[tuple[str, str
             state, cause, rule = results.get((vdoc["job"], inst), ("missing", None, ""))
             rep.verdicts.append(Verdict(variant.name, inst, t["dialect"], expected, got_key(state, cause),
                                         blind_to(expected, missing), bool(t["persistent_queue"]), rule,
-                                        t.get("without_tail")))
+                                        t.get("without_tail"), SHOWN_AS.get(dialect, {}).get(expected)))
     return rep
