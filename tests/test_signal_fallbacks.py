@@ -55,6 +55,8 @@ CASES: dict[str, tuple[str, str, tuple[str, ...], tuple[Signal, ...]]] = {
                              ("vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason"),
                              (Signal.WAITING,)),
     "lmdeploy no waiting": ("full", "lmdeploy", ("lmdeploy:num_requests_waiting",), (Signal.WAITING,)),
+    # SGLang's scheduler observes queue time too (per rank, like its gauges)
+    "sglang-0.5 no waiting": ("full", "sglang-0.5", ("sglang:num_queue_reqs",), (Signal.WAITING,)),
     # and on a pool that does not queue, the estimate must not invent one
     "vllm-0.33 no waiting, no queue": ("healthy-light", "vllm-0.33",
                                        ("vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason"),

@@ -24,7 +24,7 @@ def ttft_sources(metric: str, matchers: str = "", scale: float = 1.0, **kw: obje
     }
 
 
-def queue_occupancy(metric: str, matchers: str = "", scale: float = 1.0) -> Source:
+def queue_occupancy(metric: str, matchers: str = "", scale: float = 1.0, dedup_by: tuple[str, ...] = ()) -> Source:
     """``waiting`` estimated from a queue-time histogram when the queue gauge is absent.
 
     Little's law: the queue seconds that finished requests accrued per second
@@ -32,11 +32,16 @@ def queue_occupancy(metric: str, matchers: str = "", scale: float = 1.0) -> Sour
     window, in requests like the gauge. It lags by one request's run time where the
     engine observes queue time at request finish. No request finished in the window
     (a wedged scheduler, no traffic) says nothing about the queue, so the estimate is
-    then absent (undecidable), never 0.
+    then absent (undecidable), never 0. ``dedup_by``: labels of the replicas to sum over when
+    several ranks of one replica export the same histogram (SGLang's scheduler ranks): the
+    rate is taken once per replica (max over its ranks), as for the gauges.
     """
     def expr(r: Render) -> str:
         total, count = (r.sel(f"{metric}{sfx}", matchers) for sfx in ("_sum", "_count"))
-        return (f"sum by ({BY}) (rate({total}[{r.rw}])) "
+        rate = f"rate({total}[{r.rw}])"
+        if dedup_by:
+            rate = f"max by ({BY}, {', '.join(dedup_by)}) ({rate})"
+        return (f"sum by ({BY}) ({rate}) "
                 f"and on ({BY}) (sum by ({BY}) (rate({count}[{r.rw}])) > 0)")
 
     return Source(X, f"{metric}_sum", expr=expr, scale=scale, extra_requires=(f"{metric}_count",),

@@ -9,6 +9,7 @@ from kvwatch.core.dialects.compose import (
     G,
     X,
     merge_sources,
+    queue_occupancy,
     ttft_sources,
 )
 from kvwatch.core.dialects.model import BY, Render, Source
@@ -45,7 +46,11 @@ def sglang_sources(p: str) -> dict[Signal, tuple[Source, ...]]:
             Signal.KV_USAGE: Source(G, f"{p}token_usage", pr,
                                     note="max over full/SWA/Mamba pools, rounded to 0.01; radix-cached tokens count as free"),
             Signal.RUNNING: Source(G, f"{p}num_running_reqs", pr, agg="sum", dedup_by=dp),
-            Signal.WAITING: Source(G, f"{p}num_queue_reqs", pr, agg="sum", dedup_by=dp),
+            Signal.WAITING: (
+                Source(G, f"{p}num_queue_reqs", pr, agg="sum", dedup_by=dp),
+                # scheduler ranks of one replica observe the same requests: once per dp_rank
+                queue_occupancy(f"{p}queue_time_seconds", dedup_by=dp),
+            ),
             Signal.PREEMPTIONS: (
                 # >= 0.5.10, created at the first retraction: anchored on a gauge of the same releases
                 Source(C, f"{p}num_retracted_requests_total", agg="sum", dedup_by=dp,
