@@ -18,6 +18,7 @@ from fixtures.core import fleet
 from support.prom import backfill, prometheus
 
 from kvwatch.config import load_settings
+from kvwatch.core.bounds import straddled
 from kvwatch.core.models import FailureMode, Verdict
 from kvwatch.core.pipeline import evaluate
 from kvwatch.core.promclient import PromClient
@@ -101,3 +102,20 @@ def test_a_quantile_in_the_slo_bucket_does_not_decide_the_slo(evaluation) -> Non
         assert check.verdict is Verdict.UNDECIDABLE and "ttft_p99" in check.unknown, (rule, check)
     # a tail past the SLO's bucket is still decided
     assert _target(evaluation, "tail:8000").state is FailureMode.MISREAD
+
+
+@pytest.mark.parametrize(
+    ("value", "threshold", "expected"),
+    [
+        (2.018, 2.0, (1.0, 2.5)),  # the corpus case: the SLO inside the quantile's bucket
+        (1.4, 2.0, (1.0, 2.5)),  # below the threshold, same bucket: just as undecided
+        (2.5, 2.0, (1.0, 2.5)),  # on the bucket's upper edge: still in (1.0, 2.5]
+        (2.6, 2.0, None),  # past the edge that is >= the threshold: decided (over)
+        (0.9, 2.0, None),  # at most the edge below the threshold: decided (under)
+        (2.4, 2.5, None),  # a threshold on an edge is decided by the bucket
+        (0.05, 0.08, (0.0, 0.1)),  # below the first bound the bucket starts at 0
+        (12.0, 2.0, None),  # past the top bound: a clamp (lower bound), not a bucket
+    ],
+)
+def test_straddled_names_the_bucket_only_when_the_threshold_is_inside(value, threshold, expected) -> None:
+    assert straddled(value, threshold, (0.1, 1.0, 2.5, 5.0, 10.0)) == expected
