@@ -296,6 +296,18 @@ def test_a_long_period_oscillation_ending_in_its_trough_is_still_oscillating() -
     assert r.state is FailureMode.OSCILLATING, r.primary
 
 
+def test_batch_limited_with_running_below_the_cap_only_while_nobody_waits() -> None:
+    """Periodic load against max_num_seqs=32 (exported): requests wait 90 % of the time and
+    running sits at the cap whenever they do; between peaks nobody waits and running falls
+    to 26. Below the cap with nobody waiting is no evidence against the cap binding (issue
+    11: rnd-32-009, trtllm-triton, answered unknown)."""
+    trough = (np.arange(N) % 20) >= 18  # 10 % of the samples, two in a row
+    sigs = base(kv_usage=const(0.12), running=np.where(trough, 26.0, 32.0),
+                waiting=np.where(trough, 0.0, 40.0), max_running=const(32))
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.IDLE and r.primary.cause == "batch_limited", r.primary
+
+
 def test_higher_mode_pointed_at_but_undecidable_beats_a_lower_match() -> None:
     """A saturated replica whose pressure signals vanished: full cannot be excluded, so not misread."""
     fleet = {f"r{i}": base(kv_usage=const(0.25)) for i in range(4)}

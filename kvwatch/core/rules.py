@@ -43,12 +43,14 @@ from kvwatch.errors import ConfigError, Problem
 DERIVED_SIGNALS: dict[str, str] = {
     "ttft_tail_ratio": "ttft_p99 / ttft_p50",
     "running_vs_cap": "running / max_running",
+    "running_vs_cap_queued": "running / max_running except where nobody waits (waiting < 0.5: a gap); no waiting: every sample",
     "completion_rate": "request_rate - abort_rate (abort_rate absent: 0), requests/s that completed",
 }
 #: the canonical signals each derived signal is computed from
 DERIVED_INPUTS: dict[str, tuple[str, ...]] = {
     "ttft_tail_ratio": ("ttft_p99", "ttft_p50"),
     "running_vs_cap": ("running", "max_running"),
+    "running_vs_cap_queued": ("running", "max_running"),  # waiting only narrows the samples
     "completion_rate": ("request_rate", "abort_rate"),
 }
 SIGNAL_NAMES: frozenset[str] = frozenset({s.value for s in Signal} | set(DERIVED_SIGNALS))

@@ -58,6 +58,12 @@ class FleetStats:
         elif name == "running_vs_cap":
             a, cap = self.matrix("running"), self.vector("max_running", 0.0, "last")
             m = None if a is None or cap is None else a / np.where(cap > 0, cap, np.nan)[:, None]
+        elif name == "running_vs_cap_queued":
+            # the cap binds when running sits at it *whenever requests wait*: below the cap with
+            # nobody waiting (the trough of a periodic load) is nothing to admit, not a free slot
+            # (no queue gauge, or a gap in it: every sample counts, as running_vs_cap)
+            a, w = self.matrix("running_vs_cap"), self.matrix("waiting")
+            m = a if a is None or w is None else np.where(w < 0.5, np.nan, a)
         else:
             sig = _SIGNALS.get(name)
             rows = [self.data.values(k, sig) for k in self.keys] if sig is not None else []
