@@ -308,6 +308,38 @@ def test_batch_limited_with_running_below_the_cap_only_while_nobody_waits() -> N
     assert r.state is FailureMode.IDLE and r.primary.cause == "batch_limited", r.primary
 
 
+@pytest.mark.parametrize(("step", "scrape", "empty_s", "state"), [
+    (2.0, 1.0, 10.0, FailureMode.HEALTHY),  # 1 s scrapes: ten empty scrapes are a drained queue
+    (2.0, None, 10.0, FailureMode.UNKNOWN),  # interval unknown: the fixed minute applies
+    (30.0, 60.0, 90.0, FailureMode.UNKNOWN),  # 60 s scrapes: 90 s may hold one empty scrape only
+    (30.0, 60.0, 150.0, FailureMode.HEALTHY),  # two empty 60 s scrapes
+])
+def test_a_drained_queue_is_judged_over_two_scrape_intervals(
+    step: float, scrape: float | None, empty_s: float, state: FailureMode
+) -> None:
+    """The persistent-queue net waits for two empty scrapes, not a fixed minute: a pool scraped
+    every second that drained 10 s ago is healthy (a service resolving an incident must not
+    report it `unknown` for a minute), one scraped every 60 s needs two empty scrapes."""
+    window = 1200.0
+    grid = 1_000_000.0 + step * np.arange(int(window // step) + 1)
+    n = len(grid)
+    waiting = np.full(n, 3.0)
+    waiting[-int(empty_s // step):] = 0
+    sigs = {s: v[-1] * np.ones(n) for s, v in base().items()}
+    sigs[Signal.RUNNING] = np.full(n, 40.0)  # pinned: no mode matches (as in the test above)
+    sigs[Signal.KV_USAGE] = np.full(n, 0.82)
+    sigs[Signal.WAITING] = waiting
+    t = Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m")
+    data = FleetData(grid=grid, targets={t.key: t})
+    data.scrape_interval_s = scrape
+    data.sourced[t.key] = set(sigs)
+    for s, v in sigs.items():
+        data.put(t.key, s, v)
+    (r,) = diagnose([t], data, RULES, Params(at=float(grid[-1]), window_s=window, step_s=step, ttft_slo_s=2.0))
+    assert all(v.verdict is Verdict.NOT_MATCHED for v in r.modes), r.modes
+    assert r.state is state, r.primary
+
+
 def test_higher_mode_pointed_at_but_undecidable_beats_a_lower_match() -> None:
     """A saturated replica whose pressure signals vanished: full cannot be excluded, so not misread."""
     fleet = {f"r{i}": base(kv_usage=const(0.25)) for i in range(4)}

@@ -183,10 +183,13 @@ def diagnose_target(
     modes = mode_verdicts(checks)
     queue_span = min(PERSISTENT_QUEUE_SPAN_S, p.window_s)
     queue_frac = view.stat("waiting", queue_span, "frac_above", 0.5)
-    cleared_span = min(max(QUEUE_CLEARED_S, 2 * p.step_s), queue_span)
+    # two empty scrapes (and two steps) make a drained queue; the fixed minute only when the
+    # scrape interval is unknown, so a 1 s scrape does not wait a minute and a 60 s one gets two
+    interval = view.data.scrape_interval_s
+    cleared_span = min(max(2 * p.step_s, 2 * interval if interval else QUEUE_CLEARED_S), queue_span)
     if queue_frac is not None and (view.stat("waiting", cleared_span, "max") or 0.0) < 0.5:
-        # nobody waited for the last minute: the queue ended with a recovered episode, it is
-        # not persistent (a single empty sample is not enough: the 60 s scrape that caught a drain)
+        # nobody waited for two scrapes: the queue ended with a recovered episode, it is not
+        # persistent (a single empty sample is not enough: the 60 s scrape that caught a drain)
         queue_frac = 0.0
     decision = decide(modes, queue_frac)
     blocking = decision.blocking

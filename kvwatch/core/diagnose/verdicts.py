@@ -28,8 +28,9 @@ PERSISTENT_QUEUE_FRAC = 0.5
 PERSISTENT_QUEUE_SPAN_S = 600.0
 
 #: how long the queue must have been empty, s, before a queue that was persistent counts as
-#: over (an after-effect of a recovered episode): one empty sample is a drain caught by the
-#: last scrape (a 60 s scrape, a periodic cycle ending at its trough), not a recovery
+#: over (an after-effect of a recovered episode), when the scrape interval is unknown; with it
+#: known, two scrape intervals (and two steps). One empty sample is a drain caught by the last
+#: scrape (a 60 s scrape, a periodic cycle ending at its trough), not a recovery
 QUEUE_CLEARED_S = 60.0
 
 _MODES: tuple[FailureMode, ...] = tuple(m for m in PRECEDENCE if m is not FailureMode.HEALTHY)
