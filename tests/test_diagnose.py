@@ -276,12 +276,6 @@ def test_a_queue_drained_in_the_last_sample_is_still_persistent(empty_s: float, 
     assert r.state is state, r.primary
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not fixed: oscillating-kv-swings needs pressure in a fixed last 7m; a 10m span fixes this "
-    "case but names a 5-min cycle quiet for 8 min (test_oscillation_ended_eight_minutes_ago_is_no_longer_named); "
-    "the span must scale with the cycle; 'a queue within 1.25 dominant periods' was tried and flags 2-7 healthy "
-    "targets per corpus: the periodogram period of a pool whose bursts ended is long, so the cycle length must "
-    "come from the queue episodes themselves"))
 def test_a_long_period_oscillation_ending_in_its_trough_is_still_oscillating() -> None:
     """A 9-minute fill-and-drain cycle (1-minute peaks with a queue, KV full) evaluated 7.5
     minutes after its last peak: the trough is part of the cycle, not a recovery. A 7-minute

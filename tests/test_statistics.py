@@ -133,3 +133,24 @@ def test_last_above_marks_a_new_high_at_the_end_and_not_a_pinned_series() -> Non
     assert REGISTRY["last_above"].series(SeriesStats(t, np.array([4, 5, 4, 6, 4, 118], dtype=float)), None) == 1.0
     assert REGISTRY["last_above"].series(SeriesStats(t, np.full(6, 8.0)), None) == 0.0  # ties are not below
     assert REGISTRY["last_above"].series(SeriesStats(t[:1], np.array([3.0])), None) is None
+
+
+def test_quiet_spacings_reads_the_quiet_time_in_the_series_own_cycle_spacing() -> None:
+    """Episodes start every 4 samples (120 s); the last sample ≥ 1 is 120 s before the end:
+    one spacing. A start needs 60 s at ≤ arg/2 before it, so the excursion under way when
+    the span opens (or one after a single quiet scrape) has none; one start gives no
+    spacing; a series that never reaches the threshold has no quiet time."""
+    t = np.arange(12, dtype=float) * 30
+    v = np.array([3, 0, 0, 5, 5, 0, 0, 4, 0, 0, 0, 0], dtype=float)
+    st = SeriesStats(t, v)
+    assert REGISTRY["since_above"].series(st, 1.0) == 120.0
+    assert REGISTRY["quiet_spacings"].series(st, 1.0) == pytest.approx(120.0 / 120.0)
+    v2 = np.array([0, 2, 0, 0, 2, 0, 0, 2, 0, 0, 0, 0], dtype=float)
+    assert REGISTRY["quiet_spacings"].series(SeriesStats(t, v2), 1.0) == pytest.approx(120.0 / 90.0)
+    # drained for one 30 s scrape mid-peak: the same episode (starts at 60 s and 240 s, not 60/120/240)
+    dip = np.array([0, 0, 2, 0, 2, 0, 0, 0, 2, 0, 0, 0], dtype=float)
+    assert REGISTRY["quiet_spacings"].series(SeriesStats(t, dip), 1.0) == pytest.approx(90.0 / 180.0)
+    one = np.array([3, 3, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0], dtype=float)
+    assert REGISTRY["quiet_spacings"].series(SeriesStats(t, one), 1.0) is None  # the first run has no start
+    assert REGISTRY["since_above"].series(SeriesStats(t, np.zeros(12)), 1.0) is None
+    assert REGISTRY["since_above"].series(SeriesStats(t, v2 + 1), 1.0) == 0.0

@@ -159,6 +159,10 @@ _TABLE: tuple[Statistic, ...] = (
     Statistic("last_above", False, None, lambda st, arg: st.last_above),
     Statistic("period", False, None, lambda st, arg: st.period),
     Statistic("periodicity", False, None, lambda st, arg: st.periodicity),
+    # how long ago the signal last reached arg: in seconds, and in spacings of its own
+    # episode starts (a long cycle in its trough vs a cycle that stopped)
+    Statistic("since_above", True, None, lambda st, arg: st.since_above(1.0 if arg is None else arg)),
+    Statistic("quiet_spacings", True, None, lambda st, arg: st.quiet_spacings(1.0 if arg is None else arg)),
     Statistic("cycles", False, None, _cycles(1)),
     Statistic("sustained_cycles", False, None, _cycles(2)),
     # fill-and-drain relative to the span's own peak (arg: the drain as a share of the max)

@@ -185,6 +185,40 @@ class SeriesStats:
                     armed = False
         return n + (1 if open_end and armed else 0)
 
+    def since_above(self, x: float) -> float | None:
+        """Seconds from the last sample ≥ ``x`` to the span's last sample (0.0 when the last
+        sample is ≥ ``x``); None when no sample reaches ``x`` or the span is empty."""
+        hit = np.flatnonzero(self.v >= x)
+        if not len(hit):
+            return None
+        return float(self.ts[-1] - self.ts[hit[-1]])
+
+    def quiet_spacings(self, x: float, min_gap_s: float = 60.0) -> float | None:
+        """:meth:`since_above` in units of the series' own cycle: the median spacing (s)
+        between the starts of its episodes at ≥ ``x``. An episode starts after the signal sat
+        at ≤ ``x``/2 (the hysteresis of :meth:`cycles`) for at least ``min_gap_s`` seconds,
+        from the first such sample to the sample that rises again: a queue drained for one
+        30 s scrape in the middle of a peak is the same episode, not a cycle of 60 s. The
+        excursion under way when the span opens has no start. A long cycle in its trough
+        scores < 1, a cycle that stopped scores more the longer it stays quiet. None with
+        fewer than two starts (no spacing to measure) or when nothing reaches ``x``."""
+        since = self.since_above(x)
+        if since is None:
+            return None
+        starts: list[float] = []
+        quiet_from: float | None = None
+        for t, v in zip(self.ts.tolist(), self.v.tolist(), strict=True):
+            if v <= x / 2:
+                quiet_from = t if quiet_from is None else quiet_from
+            elif v >= x:
+                if quiet_from is not None and t - quiet_from >= min_gap_s:
+                    starts.append(t)
+                quiet_from = None
+        if len(starts) < 2:
+            return None
+        spacing = float(np.median(np.diff(starts)))
+        return since / spacing if spacing > 0 else None
+
     def swings(self, min_range: float = 0.3, dwell: int = 1, open_end: bool = False) -> int | None:
         """Completed fill/drain excursions relative to the span's own range.
 
