@@ -91,15 +91,18 @@ def test_tail_ratio_is_a_bound_not_a_fake_number(evaluation) -> None:
     assert ratio.lower_bound and ratio.observed >= 10
 
 
-def test_a_quantile_in_the_slo_bucket_does_not_decide_the_slo(evaluation) -> None:
+def test_a_quantile_in_the_slo_bucket_does_not_establish_the_slo_breach(evaluation) -> None:
     """The SLO (2 s) lies inside the bucket (1.0, 2.5] the p99 rank falls into: the
-    interpolated 2.3 s says only "between 1 and 2.5 s", so "p99 > SLO" is undecided,
-    never a misread diagnosis (the true p99 here is 1.85 s)."""
+    interpolated 2.3 s says only "between 1 and 2.5 s", so "p99 > SLO" is not established:
+    never a misread diagnosis (the true p99 here is 1.85 s), and not `unknown` either — the
+    signal is there, its resolution cannot show a breach; calling such pools unknown opened
+    a blind-spot incident on a healthy trtllm-serve control for 87 of 141 steps
+    (benchmarks/detection.py)."""
     r = _target(evaluation, "straddle:8000")
-    assert r.state is not FailureMode.MISREAD, r.primary and r.primary.summary
+    assert r.state is FailureMode.HEALTHY, r.primary and r.primary.summary
     for rule in ("misread-ttft-tail", "misread-ttft-tail-settled"):
         check = next(c for c in r.checks if c.rule_id == rule)
-        assert check.verdict is Verdict.UNDECIDABLE and "ttft_p99" in check.unknown, (rule, check)
+        assert check.verdict is Verdict.NOT_MATCHED and "ttft_p99" not in check.unknown, (rule, check)
     # a tail past the SLO's bucket is still decided
     assert _target(evaluation, "tail:8000").state is FailureMode.MISREAD
 

@@ -97,12 +97,16 @@ class RuleEval:
             return None
         inside = self.view.bucket(name, leaf.stat, obs, thr) if leaf.signal is not None and leaf.op in _ORDERING else None
         if inside is not None:
-            # an interpolated quantile in the threshold's own bucket: the true value may be
-            # on either side of the threshold
-            self.unknown.add(name)
-            note = f"in the histogram bucket ({inside[0]:g}, {inside[1]:g}] that holds the threshold"
-            self._record(path, name, stat, window, leaf, thr, obs, None, negated, note)
-            return None
+            # an interpolated quantile in the threshold's own bucket: the true value may be on
+            # either side, so the comparison is not established and never counts as evidence
+            # for a mode (False, or True under `not`). Not undecidable: the signal is there and
+            # its resolution cannot show more; `unknown` would page healthy pools whose p99
+            # sits in the SLO's bucket (a healthy trtllm-serve control: 87 of 141 steps)
+            result = negated
+            note = (f"in the histogram bucket ({inside[0]:g}, {inside[1]:g}] that holds the threshold: "
+                    "not established")
+            self._record(path, name, stat, window, leaf, thr, obs, result, negated, note)
+            return result
         ok = bool(_OPS[leaf.op](obs, thr))
         if bound == ">" and not _holds_for_lower_bound(leaf.op, ok):
             # the true value is ≥ obs: "obs > thr" stays true, "obs < thr" becomes unknowable
