@@ -59,6 +59,22 @@ def run(fleet: dict[str, dict[Signal, np.ndarray]], model: str = "m") -> dict[st
     return {r.target.key.instance: r for r in res}
 
 
+def diagnose_one(
+    sigs: dict[Signal, np.ndarray], *, grid: np.ndarray = GRID, step: float = STEP, window: float = WINDOW,
+    scrape_interval: float | None = None, explain: bool = False,
+) -> object:
+    """One vLLM target with ``sigs`` on ``grid``, diagnosed at its last step (``explain`` records conditions)."""
+    t = Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m")
+    data = FleetData(grid=grid, targets={t.key: t})
+    data.scrape_interval_s = scrape_interval
+    data.sourced[t.key] = set(sigs)
+    for s, v in sigs.items():
+        data.put(t.key, s, v)
+    params = Params(at=float(grid[-1]), window_s=window, step_s=step, ttft_slo_s=2.0)
+    (r,) = diagnose([t], data, RULES, params, explain=frozenset({t.key}) if explain else frozenset())
+    return r
+
+
 CASES = {
     "healthy": (base(), FailureMode.HEALTHY, ""),
     "full": (
@@ -323,13 +339,7 @@ def test_a_drained_queue_is_judged_over_two_scrape_intervals(
     sigs[Signal.RUNNING] = np.full(n, 40.0)  # pinned: no mode matches (as in the test above)
     sigs[Signal.KV_USAGE] = np.full(n, 0.82)
     sigs[Signal.WAITING] = waiting
-    t = Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m")
-    data = FleetData(grid=grid, targets={t.key: t})
-    data.scrape_interval_s = scrape
-    data.sourced[t.key] = set(sigs)
-    for s, v in sigs.items():
-        data.put(t.key, s, v)
-    (r,) = diagnose([t], data, RULES, Params(at=float(grid[-1]), window_s=window, step_s=step, ttft_slo_s=2.0))
+    r = diagnose_one(sigs, grid=grid, step=step, window=window, scrape_interval=scrape)
     assert all(v.verdict is Verdict.NOT_MATCHED for v in r.modes), r.modes
     assert r.state is state, r.primary
 
@@ -397,13 +407,7 @@ def test_explain_lists_every_condition_and_the_near_miss() -> None:
     usage = const(0.95)
     usage[-20::4] = 0.56  # one sample in four dips: p10 of the last 10 minutes ≈ 0.56-0.58
     sigs = base(kv_usage=usage, waiting=const(4))
-    targets = [Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m")]
-    data = FleetData(grid=GRID, targets={t.key: t for t in targets})
-    data.sourced[targets[0].key] = set(sigs)
-    for s, v in sigs.items():
-        data.put(targets[0].key, s, v)
-    params = Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0)
-    (r,) = diagnose(targets, data, RULES, params, explain=frozenset({targets[0].key}))
+    r = diagnose_one(sigs, explain=True)
     assert r.state is not FailureMode.FULL
     ev = Evaluation(evaluated_at=datetime.fromtimestamp(AT, tz=UTC), results=(r,), window_s=WINDOW)
     text = explain_text(r, ev)
@@ -416,7 +420,7 @@ def test_explain_lists_every_condition_and_the_near_miss() -> None:
     p10 = next(c for c in full["checks"] if c["stat"] == "p10")
     assert p10["outcome"] == "not_met" and p10["near_miss"] and p10["threshold"] == 0.6
     # without explain nothing extra is recorded (the fleet-wide path stays cheap)
-    (plain,) = diagnose(targets, data, RULES, params)
+    plain = diagnose_one(sigs)
     assert plain.state is r.state and all(not c.conditions for c in plain.checks)
 
 
@@ -429,13 +433,7 @@ def test_explain_shows_any_all_not_groups_so_alternatives_do_not_read_as_contrad
     from kvwatch.core.models import Evaluation
 
     sigs = base(kv_usage=const(0.4), waiting=const(6))
-    targets = [Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m")]
-    data = FleetData(grid=GRID, targets={t.key: t for t in targets})
-    data.sourced[targets[0].key] = set(sigs)
-    for s, v in sigs.items():
-        data.put(targets[0].key, s, v)
-    params = Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0)
-    (r,) = diagnose(targets, data, RULES, params, explain=frozenset({targets[0].key}))
+    r = diagnose_one(sigs, explain=True)
     text = explain_text(r, Evaluation(evaluated_at=datetime.fromtimestamp(AT, tz=UTC), results=(r,), window_s=WINDOW))
     block = text.split("fragmented-admission-stall (fragmented)")[1].split("\n\n")[0].splitlines()[1:]
     heads = [i for i, line in enumerate(block) if line.strip() == "any of:"]
