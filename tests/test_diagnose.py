@@ -567,3 +567,54 @@ def test_a_watermark_stall_at_84_percent_is_fragmented_not_undecided() -> None:
     running = 200 + np.random.default_rng(6).integers(-25, 25, N).astype(float)
     r = run({"t": base(kv_usage=usage, waiting=const(1700), running=running, preemptions=const(0))})["t"]
     assert r.state is FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]
+
+
+def _one_sample_peaks(queue: float, rate: float) -> dict[Signal, np.ndarray]:
+    """A 3.5-minute fill-and-drain cycle whose queue lasts 30-45 s at each peak: at a 30 s step
+    each peak's queue is one sample (`queue` waiting), the pool served at `rate` requests/s."""
+    phase = (GRID - GRID[0]) % 210.0
+    peak = phase < 60.0
+    usage = np.where(peak, 0.99, 0.06)
+    waiting = np.where(peak & (phase >= 30.0), queue, 0.0)  # one sample per peak
+    return base(kv_usage=usage, waiting=waiting, running=np.where(peak, 120.0, 8.0),
+                request_rate=const(rate), preemptions=const(0))
+
+
+def test_an_oscillation_whose_peak_queue_is_one_sample_each_time_is_oscillating() -> None:
+    """Issue 11 (rnd-51-042, Triton, 201 s cycle): 25-47 requests wait at every peak but each
+    queue lasts less than two 30 s steps, so "held two samples" counted one episode and the
+    pool read healthy. 30 waiting at 1.3 requests/s is ~23 s of throughput (Little's law): a
+    queue that took that long to build was held, not caught between two admissions."""
+    r = diagnose_one(_one_sample_peaks(30.0, 1.3))
+    assert r.state is FailureMode.OSCILLATING, r.primary
+
+
+def test_one_request_caught_waiting_at_busy_peaks_is_not_oscillation() -> None:
+    """The same swings with one request waiting at each peak of a pool serving 5 requests/s
+    (0.2 s of throughput): scrape-caught blips between admissions, no held queue."""
+    r = diagnose_one(_one_sample_peaks(1.0, 5.0))
+    assert r.state is not FailureMode.OSCILLATING, r.primary
+
+
+def test_requests_in_prefill_counted_as_waiting_do_not_hide_a_misread_tail() -> None:
+    """Issue 11 (rnd-51-006, Dynamo frontend): the frontend counts requests without a first
+    token as queued, so the long-prompt slice in prefill shows as 1-2 "waiting" in 15 % of the
+    samples, never two samples running and never more than ~3 s of throughput at 0.7
+    requests/s. No queue was held, so none can have made the 6 s p99: the tail is the
+    workload's (misread), not the after-effect of a queueing episode."""
+    i = np.arange(N)
+    waiting = np.where(i % 7 == 3, np.where(i % 21 == 3, 2.0, 1.0), 0.0)
+    sigs = base(kv_usage=0.01 + 0.02 * (waiting > 0), running=const(2), waiting=waiting, request_rate=const(0.7),
+                gen_tps=const(110), ttft_p50=const(0.1), ttft_p99=const(6.2), ttft_mean=const(0.3))
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.MISREAD, r.primary
+
+
+def test_a_held_queue_caught_once_per_peak_still_guards_misread() -> None:
+    """The same tail after queues of 20 requests at 0.7 requests/s (~29 s of throughput each,
+    caught by one sample): they were held, and the 10-minute quantiles may carry their tail."""
+    waiting = np.where(np.arange(N) % 7 == 3, 20.0, 0.0)
+    sigs = base(kv_usage=const(0.05), running=const(2), waiting=waiting, request_rate=const(0.7),
+                ttft_p50=const(0.1), ttft_p99=const(6.2), ttft_mean=const(0.3))
+    r = diagnose_one(sigs)
+    assert r.state is not FailureMode.MISREAD, r.primary

@@ -55,6 +55,17 @@ class FleetStats:
             # that gave up on a wedged engine) as finished, so aborts are taken out
             a, b = self.matrix("request_rate"), self.matrix("abort_rate")
             m = None if a is None else a if b is None else np.maximum(a - np.where(np.isnan(b), 0.0, b), 0.0)
+        elif name == "queue_wait":
+            # Little's law: a queue of L requests served at λ requests/s holds each for L/λ s on
+            # average, and took at least about that long to build. A queue caught by one sample
+            # that holds 15 s of throughput was held, not a blip between two admissions; one
+            # request waiting at a pool that serves 5/s was not. Nobody waiting: no wait at all;
+            # a queue while nothing finishes has no rate to divide by (a gap, not infinite)
+            w, r = self.matrix("waiting"), self.matrix("request_rate")
+            m = None
+            if w is not None and r is not None:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    m = np.where(w < 0.5, np.where(np.isnan(w), np.nan, 0.0), np.where(r > 0, w / r, np.nan))
         elif name == "running_vs_cap":
             a, cap = self.matrix("running"), self.vector("max_running", 0.0, "last")
             m = None if a is None or cap is None else a / np.where(cap > 0, cap, np.nan)[:, None]
