@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kvwatch.core.diagnose.facts import facts_for
+from kvwatch.core.diagnose.fleetrules import FleetRules
 from kvwatch.core.diagnose.groups import GROUP_SPAN_S, group_facts
 from kvwatch.core.diagnose.target import diagnose_target
 from kvwatch.core.diagnose.view import Params, TargetView
@@ -30,15 +31,24 @@ __all__ = ["GROUP_SPAN_S", "Params", "TargetView", "diagnose", "diagnose_target"
 
 def diagnose(
     targets: Iterable[Target], data: FleetData, rules: RuleSet, params: Params,
-    explain: frozenset[TargetKey] = frozenset(),
+    explain: frozenset[TargetKey] = frozenset(), reference: bool = False,
 ) -> tuple[TargetResult, ...]:
     """Classify every target; results are sorted by (state precedence, job, instance).
 
-    Targets in ``explain`` get every condition of every rule recorded (``kvwatch explain``)."""
+    Targets in ``explain`` get every condition of every rule recorded (``kvwatch explain``),
+    by the per-target evaluator. The others' rule conditions are evaluated for the whole
+    fleet at once (:mod:`.fleetrules`); ``reference`` evaluates them per target instead
+    (the definition the fast path is tested against: the results are identical)."""
     targets = list(targets)
     fleet = FleetStats([t.key for t in targets], data, params.at)
     views = [TargetView(t, data, params, fleet) for t in targets]
     groups = group_facts(views)
-    results = [diagnose_target(v, rules, groups.get(v.key, {}), v.key in explain) for v in views]
+    facts = [facts_for(v, groups.get(v.key, {})) for v in views]
+    per_rule = [] if reference else FleetRules(views, facts).evaluate(rules.rules)
+    results = [
+        diagnose_target(v, rules, groups.get(v.key, {}), v.key in explain, facts[j],
+                        None if reference or v.key in explain else [o[j] for o in per_rule])
+        for j, v in enumerate(views)
+    ]
     results.sort(key=lambda r: (r.state.rank, r.target.key.job, r.target.key.instance))
     return tuple(results)

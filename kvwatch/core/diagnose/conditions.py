@@ -29,6 +29,11 @@ LATENCY_SIGNALS = frozenset(
 )
 
 
+def leaf_span(leaf: Leaf, rule: Rule, window_s: float) -> float:
+    """The span a leaf's statistic is taken over, s: the whole window or the rule's ``for`` tail."""
+    return window_s if leaf.over == "window" else min(rule.for_, window_s)
+
+
 class RuleEval:
     """Evaluates one rule's condition tree for one target, collecting evidence.
 
@@ -49,7 +54,7 @@ class RuleEval:
         self.parts: list[bool | None] = []
 
     def span(self, leaf: Leaf) -> float:
-        return self.view.p.window_s if leaf.over == "window" else min(self.rule.for_, self.view.p.window_s)
+        return leaf_span(leaf, self.rule, self.view.p.window_s)
 
     def _silent(self, signal: str, span: float) -> bool:
         """True when ``signal`` has samples in the span but none in the last ``fresh_s``: older

@@ -9,10 +9,12 @@ state by failure-mode precedence.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from kvwatch.core.diagnose.conditions import RuleEval
 from kvwatch.core.diagnose.context import TemplateContext
 from kvwatch.core.diagnose.facts import facts_for
+from kvwatch.core.diagnose.fleetrules import Outcome
 from kvwatch.core.diagnose.verdicts import (
     PERSISTENT_QUEUE_SPAN_S,
     QUEUE_CLEARED_S,
@@ -111,10 +113,16 @@ def _span(seconds: float) -> str:
 
 
 def diagnose_target(
-    view: TargetView, rules: RuleSet, group: dict[str, float | None], explain: bool = False
+    view: TargetView, rules: RuleSet, group: dict[str, float | None], explain: bool = False,
+    facts: dict[str, float | None] | None = None, outcomes: Sequence[Outcome] | None = None,
 ) -> TargetResult:
     """Classify one target. ``group`` holds replica facts computed across the fleet;
-    ``explain`` records every condition of every rule (``kvwatch explain``)."""
+    ``explain`` records every condition of every rule (``kvwatch explain``).
+
+    ``facts``: this target's :func:`facts_for` when already computed. ``outcomes``: each
+    rule's outcome from the fleet-wide evaluator (:mod:`.fleetrules`), used for the rules
+    it found not matched; a rule it matched is evaluated here (evidence, margins), and
+    without ``outcomes`` every rule is."""
     p = view.p
     sourced = view.data.sourced.get(view.key, set())
     missing: list[str] = []
@@ -123,7 +131,8 @@ def diagnose_target(
             missing.append(sig.value)
         elif not view.stat(sig.value, p.window_s, "count"):
             missing.append(f"{sig.value} (no data)")
-    facts = facts_for(view, group)
+    if facts is None:
+        facts = facts_for(view, group)
 
     def blind(reason: str, blocking: tuple[str, ...]) -> TargetResult:
         return TargetResult(
@@ -145,12 +154,18 @@ def diagnose_target(
     found: list[Diagnosis] = []
     checks: list[RuleCheck] = []
     not_yet: list[str] = []
-    for rule in rules.rules:
-        ev = RuleEval(view, rule, facts, explain)
-        result = ev.node(rule.when)
+    for i, rule in enumerate(rules.rules):
+        ev: RuleEval | Outcome
+        if outcomes is not None and not outcomes[i].result:
+            ev = outcomes[i]
+            result = ev.result
+        else:
+            ev = RuleEval(view, rule, facts, explain)
+            result = ev.node(rule.when)
         span = min(rule.for_, p.window_s)
         uncovered = False
         if result:
+            assert isinstance(ev, RuleEval)
             covered = covered_s(view, span)
             if covered + p.step_s < span:  # one step of slack: the grid need not start on the span
                 # 38 s of data cannot show "pinned for 10 min": undecidable until samples cover the span
