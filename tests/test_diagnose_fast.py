@@ -139,7 +139,7 @@ def random_fleet(seed: int, n: int = 160) -> tuple[list[Target], FleetData]:
         sourced: set[Signal] = set()
         for sig in Signal:
             roll = rng.random()
-            if roll < 0.12 and sig is not Signal.KV_USAGE or roll < 0.02:
+            if (roll < 0.12 and sig is not Signal.KV_USAGE) or roll < 0.02:
                 continue  # not exported
             sourced.add(sig)
             if roll < 0.17:

@@ -49,10 +49,15 @@ def compile_template(template: str) -> tuple[Piece, ...]:
     return tuple(pieces)
 
 
-def _resolve(ctx: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+@functools.lru_cache(maxsize=1024)
+def _unsafe(path: tuple[str, ...]) -> bool:
     # rule loading checks the grammar (kvwatch.core.rules.check_template); this is the second
     # line: a dunder or item path never reaches getattr, so no template can walk into internals
-    if any(not p or p.startswith("_") or not p.isidentifier() for p in path):
+    return any(not p or p.startswith("_") or not p.isidentifier() for p in path)
+
+
+def _resolve(ctx: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    if _unsafe(path):
         return Num(None)
     try:
         obj = ctx[path[0]]
@@ -80,7 +85,14 @@ def render(template: str, ctx: Mapping[str, Any]) -> str:
         out.append(literal)
         if path is not None:
             out.append(format(_resolve(ctx, path), spec))
-    text = " ".join("".join(out).split())
+    return _tidy("".join(out))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tidy(raw: str) -> str:
+    """Whitespace, ``n/a`` units and optional segments of a formatted template (memoised:
+    a fleet's triage repeats the same text for many targets)."""
+    text = " ".join(raw.split())
     text = _NA_UNIT.sub("n/a", text)
     text = _OPTIONAL.sub(lambda m: "" if "n/a" in m.group(1) else m.group(1), text)
     return " ".join(text.split()).replace(" ,", ",").replace(" ;", ";").replace(" .", ".")

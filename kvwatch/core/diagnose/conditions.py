@@ -123,7 +123,7 @@ class RuleEval:
         op = leaf.op if not negated else _NEGATE[leaf.op]
         self.evidence.append(Evidence(name, stat, obs, op, thr, window, supports, bound == ">"))
         if supports:
-            self.margins.append(min(1.0, abs(obs - thr) / max(abs(thr), 0.05)))
+            self.margins.append(margin(obs, thr))
             if not negated and not leaf.guard:
                 self.points = True
         self._record(path, name, stat, window, leaf, thr, obs, ok, negated, "lower bound" if bound else "", bound)
@@ -162,6 +162,12 @@ class RuleEval:
         if decided:
             return decisive
         return None if unknown else not decisive
+
+
+def margin(obs: float, thr: float) -> float:
+    """How clearly a supporting comparison is met, 0..1: the distance to the threshold
+    relative to the threshold (at least 0.05, so thresholds near 0 do not blow it up)."""
+    return min(1.0, abs(obs - thr) / max(abs(thr), 0.05))
 
 
 def _holds_for_lower_bound(op: str, ok: bool) -> bool:

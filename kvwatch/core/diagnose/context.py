@@ -35,12 +35,14 @@ class TemplateContext(dict):  # type: ignore[type-arg]
     """Template context that builds signal views on demand (most templates use a few)."""
 
     def __init__(self, view: TargetView, span_s: float, facts: dict[str, float | None]) -> None:
-        super().__init__({k: Num(v) for k, v in facts.items()})
-        self.view, self.span = view, span_s
+        super().__init__()
+        self.view, self.span, self.facts = view, span_s, facts
         self["for_minutes"] = Num(span_s / 60)
         self["window_minutes"] = Num(view.p.window_s / 60)
 
     def __missing__(self, key: str) -> object:
+        if key in self.facts:  # facts as numbers, built when a template reads one
+            return Num(self.facts[key])
         if key == "window":
             return _Window(self.view)
         if key in SIGNAL_NAMES:

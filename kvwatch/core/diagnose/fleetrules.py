@@ -26,13 +26,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvwatch.core.bounds import ORDER_STATS, clamped
-from kvwatch.core.diagnose.conditions import _OPS, _ORDERING, LATENCY_SIGNALS, _holds_for_lower_bound, leaf_span
+from kvwatch.core.bounds import ORDER_STATS
+from kvwatch.core.diagnose.conditions import (
+    _NEGATE,
+    _OPS,
+    _ORDERING,
+    LATENCY_SIGNALS,
+    _holds_for_lower_bound,
+    fmt_span,
+    leaf_span,
+    margin,
+)
 from kvwatch.core.diagnose.view import TargetView
+from kvwatch.core.models import Evidence
 from kvwatch.core.rules import DERIVED_INPUTS, Group, Leaf, Rule
 from kvwatch.core.signals import Signal
 from kvwatch.core.statistics.registry import REGISTRY
@@ -44,14 +54,33 @@ Tri = tuple[np.ndarray, np.ndarray]  # (true, false) masks; neither: unknown
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the diagnosis reads of one rule's evaluation for one target (the attributes of
-    :class:`~.conditions.RuleEval` that a rule check needs). Shared between targets: immutable."""
+    """What the diagnosis reads of one rule's evaluation for one target: the attributes of
+    :class:`~.conditions.RuleEval` after :meth:`~.conditions.RuleEval.node`. Outcomes without
+    evidence are shared between targets: immutable."""
 
     result: bool | None
     unknown: frozenset[str]
     points: bool
     parts: tuple[bool | None, ...]
+    evidence: tuple[Evidence, ...] = ()
+    margins: tuple[float, ...] = ()
     conditions: tuple[()] = ()
+
+
+@dataclass(frozen=True)
+class _Compared:
+    """A leaf's comparison where it was decided on a number (the evidence of a matched rule)."""
+
+    leaf: Leaf
+    name: str
+    stat: str
+    window: str
+    negated: bool
+    decided: np.ndarray  # targets whose evidence holds this leaf
+    obs: np.ndarray
+    thr: np.ndarray
+    ok: np.ndarray
+    lower: np.ndarray
 
 
 class _Acc:
@@ -62,6 +91,7 @@ class _Acc:
         self.unknown = np.zeros(n, dtype=np.int64)
         self.points = np.zeros(n, dtype=bool)
         self.parts: list[np.ndarray] = []  # per top-level child: 0 false, 1 true, 2 unknown, 3 not reached
+        self.compared: list[_Compared] = []  # in the order the per-target walk reaches them
 
     def add_unknown(self, name: str, mask: np.ndarray) -> None:
         bit = self.names.setdefault(name, 1 << len(self.names))
@@ -81,9 +111,7 @@ class FleetRules:
         self.rows = np.array([v.row for v in self.views], dtype=np.intp)
         self._facts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._obs: dict[tuple[str, float, str, float | None], np.ndarray] = {}
-        self._clamp: dict[tuple[str, float], np.ndarray] = {}
         self._layout: dict[str, np.ndarray] = {}
-        self._ceilings = np.array([bool(v.data.ceilings.get(v.key)) for v in self.views], dtype=bool)
         self._outcomes: dict[tuple[object, ...], Outcome] = {}
 
     # ---- per-target values as fleet vectors ------------------------------------------------
@@ -126,26 +154,6 @@ class FleetRules:
             return np.ones(self.n, dtype=bool)
         v = np.asarray(vec, dtype=float)[self.rows]
         return ~(np.isfinite(v) & (v != 0))
-
-    def _may_clamp(self, name: str, span: float) -> np.ndarray:
-        """Targets with a sample at a histogram ceiling in the span, in any input of ``name``:
-        only they can have a bound other than "" (:meth:`TargetView.bound` returns "" when
-        no sample is clamped); the others skip the per-target check."""
-        key = (name, span)
-        got = self._clamp.get(key)
-        if got is None:
-            got = np.zeros(self.n, dtype=bool)
-            if self._ceilings.any():
-                i0 = self.fleet.start(span)
-                for inp in DERIVED_INPUTS.get(name, (name,)):
-                    sig = _SIGNALS.get(inp)
-                    m = self.fleet.matrix(inp)
-                    if sig is None or m is None:
-                        continue
-                    ceil = np.array([v.data.ceilings.get(v.key, {}).get(sig, math.nan) for v in self.views])
-                    got |= clamped(m[self.rows, i0:], ceil[:, None]).any(axis=1)
-            self._clamp[key] = got
-        return got
 
     def _has_layout(self, name: str) -> np.ndarray:
         """Targets with a histogram bucket layout for signal ``name``."""
@@ -197,7 +205,8 @@ class FleetRules:
             return true, false
         lower = np.zeros(n, dtype=bool)
         if leaf.signal is not None:
-            check = present & self._may_clamp(name, span)
+            # only a target with a sample at a histogram ceiling can have a bound other than ""
+            check = present & self.fleet.may_clamp(DERIVED_INPUTS.get(name, (name,)), span)[self.rows]
             for i in np.flatnonzero(check):
                 b = self.views[i].bound(name, span, leaf.stat, leaf.arg, float(obs[i]))
                 if b == "?":
@@ -222,6 +231,10 @@ class FleetRules:
         false |= present & ~ok
         if not negated and not leaf.guard:
             acc.points |= present & ok
+        if present.any():
+            stat = "value" if leaf.fact is not None else leaf.stat if leaf.arg is None else f"{leaf.stat}({leaf.arg:g})"
+            window = "now" if leaf.fact is not None else fmt_span(span)
+            acc.compared.append(_Compared(leaf, name, stat, window, negated, present, obs, thr, ok, lower))
         return true, false
 
     def _node(self, rule: Rule, node: Group | Leaf, negated: bool, vis: np.ndarray, acc: _Acc, top: bool) -> Tri:
@@ -261,13 +274,39 @@ class FleetRules:
             names = [(bit, name) for name, bit in acc.names.items()]
             keys = zip(result.tolist(), acc.unknown.tolist(), acc.points.tolist(), parts.tolist(), strict=True)
             row: list[Outcome] = []
-            for key in keys:
+            for i, key in enumerate(keys):
+                if key[0] == 1:  # matched: the rule's diagnosis quotes its evidence
+                    o = _outcome(key, names, len(acc.parts))
+                    evidence, margins = self._evidence(acc.compared, i)
+                    row.append(replace(o, evidence=evidence, margins=margins))
+                    continue
                 o = self._outcomes.get((rule.id, *key))
                 if o is None:
                     o = self._outcomes[(rule.id, *key)] = _outcome(key, names, len(acc.parts))
                 row.append(o)
             out.append(row)
         return out
+
+    def _evidence(self, compared: list[_Compared], i: int) -> tuple[tuple[Evidence, ...], tuple[float, ...]]:
+        """Target ``i``'s evidence and margins, as :meth:`RuleEval.leaf <.conditions.RuleEval.leaf>`
+        appends them: every leaf it reached that compared two numbers, in walk order."""
+        evidence: list[Evidence] = []
+        margins: list[float] = []
+        for c in compared:
+            if not c.decided[i]:
+                continue
+            leaf = c.leaf
+            # the fact itself (its Python type, as the per-target walk reads it), else the statistic
+            obs = self.facts[i].get(leaf.fact) if leaf.fact is not None else float(c.obs[i])
+            thr = leaf.threshold(self.facts[i])
+            assert obs is not None and thr is not None
+            ok = bool(c.ok[i])
+            supports = ok != c.negated
+            op = leaf.op if not c.negated else _NEGATE[leaf.op]
+            evidence.append(Evidence(c.name, c.stat, obs, op, thr, c.window, supports, bool(c.lower[i])))
+            if supports:
+                margins.append(margin(obs, thr))
+        return tuple(evidence), tuple(margins)
 
 
 _RESULT: tuple[bool | None, ...] = (False, True, None, None)

@@ -9,7 +9,7 @@ state by failure-mode precedence.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from kvwatch.core.diagnose.conditions import RuleEval
 from kvwatch.core.diagnose.context import TemplateContext
@@ -32,7 +32,7 @@ from kvwatch.core.templates import Num, render
 _ALL_SIGNALS: tuple[Signal, ...] = tuple(Signal)  # iterating an Enum class is slow
 
 
-def _confidence(ev: RuleEval, coverage: float) -> float:
+def _confidence(ev: RuleEval | Outcome, coverage: float) -> float:
     base = 0.5 + 0.5 * (sum(ev.margins) / len(ev.margins) if ev.margins else 0.0)
     return round(max(0.05, min(1.0, base * (0.5 + 0.5 * coverage))), 3)
 
@@ -101,10 +101,10 @@ def _signal_inputs(name: str) -> tuple[str, ...]:
 def covered_s(view: TargetView, span_s: float) -> float:
     """Seconds of the last ``span_s`` that KV samples cover: from the first sample inside it (which
     stands for one step) to ``at``. Gaps inside are allowed (range queries fill them from the lookback)."""
-    st = view.stats(Signal.KV_USAGE.value, span_s)
-    if st is None or not len(st):
+    first = view.first_time(Signal.KV_USAGE.value, span_s)
+    if first is None:
         return 0.0
-    return min(span_s, view.p.at - float(st.ts[0]) + view.p.step_s)
+    return min(span_s, view.p.at - first + view.p.step_s)
 
 
 def _span(seconds: float) -> str:
@@ -156,26 +156,26 @@ def diagnose_target(
     not_yet: list[str] = []
     for i, rule in enumerate(rules.rules):
         ev: RuleEval | Outcome
-        if outcomes is not None and not outcomes[i].result:
+        if outcomes is not None:
             ev = outcomes[i]
             result = ev.result
         else:
             ev = RuleEval(view, rule, facts, explain)
             result = ev.node(rule.when)
+        unknown: Set[str] = ev.unknown
         span = min(rule.for_, p.window_s)
         uncovered = False
         if result:
-            assert isinstance(ev, RuleEval)
             covered = covered_s(view, span)
             if covered + p.step_s < span:  # one step of slack: the grid need not start on the span
                 # 38 s of data cannot show "pinned for 10 min": undecidable until samples cover the span
                 result, uncovered = None, True
-                ev.unknown.add(Signal.KV_USAGE.value)
+                unknown = {*unknown, Signal.KV_USAGE.value}
                 not_yet.append(f"rule {rule.id} matches but samples cover only {_span(covered)} "
                                f"of its {_span(span)} `for`")
         verdict = Verdict.UNDECIDABLE if result is None else Verdict.MATCHED if result else Verdict.NOT_MATCHED
         checks.append(
-            RuleCheck(rule.id, rule.mode, rule.cause, verdict, tuple(sorted({i for u in ev.unknown for i in _signal_inputs(u)})),
+            RuleCheck(rule.id, rule.mode, rule.cause, verdict, tuple(sorted({i for u in unknown for i in _signal_inputs(u)})),
                       (result is None and ev.points) or uncovered, tuple(ev.conditions), tuple(ev.parts))
         )
         if not result:

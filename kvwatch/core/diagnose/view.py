@@ -16,6 +16,7 @@ import numpy as np
 from kvwatch.core.bounds import ORDER_STATS, Bound, clamped, classify, straddled
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target
+from kvwatch.core.rules import DERIVED_INPUTS
 from kvwatch.core.signals import Signal
 from kvwatch.core.statistics.fleet import FleetStats
 from kvwatch.core.statistics.registry import REGISTRY
@@ -51,7 +52,6 @@ class TargetView:
         self.fleet = fleet if fleet is not None else FleetStats([target.key], data, params.at)
         self.row = self.fleet.row[target.key]
         self._cache: dict[tuple[str, float], SeriesStats] = {}
-        self._starts: dict[float, int] = {}
 
     def stat(self, name: str, span_s: float, stat: str, arg: float | None = None) -> float | None:
         """One statistic of a signal over the last ``span_s`` seconds (None: not computable).
@@ -63,10 +63,10 @@ class TargetView:
         if entry is None:
             raise KeyError(stat)
         if entry.fleet is not None:
-            vec = self.fleet.vector(name, span_s, stat, arg)
-            if vec is None:
+            col = self.fleet.column(name, span_s, stat, arg)
+            if col is None:
                 return None
-            x = float(vec[self.row])
+            x = col[self.row]
             return x if math.isfinite(x) else None
         st = self.stats(name, span_s)
         if st is None:
@@ -78,8 +78,8 @@ class TargetView:
         """Whether ``value`` (that statistic) is exact, a lower bound (a quantile past the last
         histogram bucket in the span) or cannot be told ("?"). Cheap when nothing is clamped."""
         ceil = self.data.ceilings.get(self.key)
-        if not ceil:
-            return ""
+        if not ceil or not self.fleet.may_clamp(DERIVED_INPUTS.get(name, (name,)), span_s)[self.row]:
+            return ""  # no sample at a ceiling: exact (the fleet-wide check is one numpy pass)
         i0 = self._start(span_s)
         if name == "ttft_tail_ratio":
             c99, c50 = ceil.get(Signal.TTFT_P99), ceil.get(Signal.TTFT_P50)
@@ -111,6 +111,12 @@ class TargetView:
         bounds = self.data.buckets.get(self.key, {}).get(sig) if sig is not None else None  # type: ignore[call-overload]
         return straddled(value, threshold, bounds) if bounds else None
 
+    def first_time(self, name: str, span_s: float) -> float | None:
+        """Time of the first sample of ``name`` in the last ``span_s`` seconds (None: no sample)."""
+        vec = self.fleet.first_time(name, span_s)
+        x = math.nan if vec is None else float(vec[self.row])
+        return x if math.isfinite(x) else None
+
     def raw(self, name: str) -> np.ndarray | None:
         """This target's row of a canonical or derived signal (derived ones are defined once,
         in :meth:`FleetStats.matrix`)."""
@@ -131,7 +137,4 @@ class TargetView:
 
     def _start(self, span_s: float) -> int:
         """Index of the first grid point inside (at − span, at]; the grid is sorted."""
-        i0 = self._starts.get(span_s)
-        if i0 is None:
-            i0 = self._starts[span_s] = int(np.searchsorted(self.data.grid, self.p.at - span_s - 1e-6, side="right"))
-        return i0
+        return self.fleet.start(span_s)

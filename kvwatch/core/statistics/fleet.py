@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvwatch.core.bounds import clamped
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import TargetKey
 from kvwatch.core.signals import Signal
@@ -34,10 +35,18 @@ class FleetStats:
         self._mats: dict[str, np.ndarray | None] = {}
         self._vec: dict[tuple[str, float, str, float | None], np.ndarray | None] = {}
         self._spans: dict[tuple[str, float], SpanMatrix] = {}
+        self._cols: dict[tuple[str, float, str, float | None], list[float] | None] = {}
+        self._clamp: dict[tuple[tuple[str, ...], float], np.ndarray] = {}
+        self._ceil: dict[Signal, np.ndarray] = {}
+        self._first: dict[tuple[str, float], np.ndarray | None] = {}
+        self._starts: dict[float, int] = {}
 
     def start(self, span_s: float) -> int:
         """Index of the first grid point inside (at − span, at]."""
-        return int(np.searchsorted(self.data.grid, self.at - span_s - 1e-6, side="right"))
+        i0 = self._starts.get(span_s)
+        if i0 is None:
+            i0 = self._starts[span_s] = int(np.searchsorted(self.data.grid, self.at - span_s - 1e-6, side="right"))
+        return i0
 
     def matrix(self, name: str) -> np.ndarray | None:
         """targets × grid values of a canonical or derived signal (NaN rows for targets without it)."""
@@ -94,6 +103,54 @@ class FleetStats:
         if key not in self._vec:
             self._vec[key] = self._compute(name, span_s, stat, arg)
         return self._vec[key]
+
+    def column(self, name: str, span_s: float, stat: str, arg: float | None = None) -> list[float] | None:
+        """:meth:`vector` as a list of Python floats, for reading one target at a time
+        (indexing a list is several times cheaper than indexing a numpy array)."""
+        key = (name, span_s, stat, arg)
+        col = self._cols.get(key, self)
+        if col is self:
+            vec = self.vector(name, span_s, stat, arg)
+            col = self._cols[key] = None if vec is None else vec.tolist()
+        return col  # type: ignore[return-value]
+
+    def ceiling(self, sig: Signal) -> np.ndarray:
+        """Each target's highest finite histogram bound of ``sig`` (NaN: none)."""
+        got = self._ceil.get(sig)
+        if got is None:
+            got = self._ceil[sig] = np.array(
+                [self.data.ceilings.get(k, {}).get(sig, np.nan) for k in self.keys], dtype=float)
+        return got
+
+    def may_clamp(self, names: Sequence[str], span_s: float) -> np.ndarray:
+        """Targets with a sample at the histogram ceiling (:func:`~kvwatch.core.bounds.clamped`)
+        in the last ``span_s`` of any of the canonical signals ``names``: only their
+        statistics can be lower bounds (every other target's are exact)."""
+        key = (tuple(names), span_s)
+        got = self._clamp.get(key)
+        if got is None:
+            got = np.zeros(len(self.keys), dtype=bool)
+            if self.data.ceilings:
+                i0 = self.start(span_s)
+                for name in names:
+                    sig, m = _SIGNALS.get(name), self.matrix(name)
+                    if sig is not None and m is not None:
+                        got |= clamped(m[:, i0:], self.ceiling(sig)[:, None]).any(axis=1)
+            self._clamp[key] = got
+        return got
+
+    def first_time(self, name: str, span_s: float) -> np.ndarray | None:
+        """Time of each target's first sample in the last ``span_s`` (Unix s; NaN: none)."""
+        key = (name, span_s)
+        if key not in self._first:
+            span = self.span(name, span_s)
+            if span is None:
+                self._first[key] = None
+            elif not span.t.size:
+                self._first[key] = np.full(len(self.keys), np.nan)
+            else:
+                self._first[key] = np.where(span.empty, np.nan, span.t[np.argmax(span.ok, axis=1)])
+        return self._first[key]
 
     def _compute(self, name: str, span_s: float, stat: str, arg: float | None) -> np.ndarray | None:
         entry = REGISTRY.get(stat)
