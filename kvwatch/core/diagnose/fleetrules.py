@@ -42,7 +42,7 @@ from kvwatch.core.diagnose.conditions import (
     margin,
 )
 from kvwatch.core.diagnose.view import TargetView
-from kvwatch.core.models import Evidence
+from kvwatch.core.models import Evidence, RuleCheck
 from kvwatch.core.rules import DERIVED_INPUTS, Group, Leaf, Rule
 from kvwatch.core.signals import Signal
 from kvwatch.core.statistics.registry import REGISTRY
@@ -52,11 +52,12 @@ _SIGNALS: dict[str, Signal] = {s.value: s for s in Signal}
 Tri = tuple[np.ndarray, np.ndarray]  # (true, false) masks; neither: unknown
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Outcome:
     """What the diagnosis reads of one rule's evaluation for one target: the attributes of
-    :class:`~.conditions.RuleEval` after :meth:`~.conditions.RuleEval.node`. Outcomes without
-    evidence are shared between targets: immutable."""
+    :class:`~.conditions.RuleEval` after :meth:`~.conditions.RuleEval.node`. An outcome of a
+    rule that did not match is shared by every target with the same one; ``check`` caches
+    its :class:`RuleCheck` (the same for all of them)."""
 
     result: bool | None
     unknown: frozenset[str]
@@ -65,6 +66,7 @@ class Outcome:
     evidence: tuple[Evidence, ...] = ()
     margins: tuple[float, ...] = ()
     conditions: tuple[()] = ()
+    check: RuleCheck | None = None
 
 
 @dataclass(frozen=True)

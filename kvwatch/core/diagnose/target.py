@@ -9,7 +9,7 @@ state by failure-mode precedence.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence, Set
+from collections.abc import Iterable, Sequence, Set
 
 from kvwatch.core.diagnose.conditions import RuleEval
 from kvwatch.core.diagnose.context import TemplateContext
@@ -24,12 +24,21 @@ from kvwatch.core.diagnose.verdicts import (
 )
 from kvwatch.core.diagnose.view import TargetView
 from kvwatch.core.dialects import DIALECT_BY_ID, kv_proxy
-from kvwatch.core.models import Diagnosis, FailureMode, RuleCheck, Severity, TargetResult, Verdict
-from kvwatch.core.rules import DERIVED_INPUTS, RuleSet
+from kvwatch.core.models import (
+    Condition,
+    Diagnosis,
+    FailureMode,
+    RuleCheck,
+    Severity,
+    TargetResult,
+    Verdict,
+)
+from kvwatch.core.rules import DERIVED_INPUTS, Rule, RuleSet
 from kvwatch.core.signals import REQUIRED_SIGNALS, Signal
 from kvwatch.core.templates import Num, render
 
-_ALL_SIGNALS: tuple[Signal, ...] = tuple(Signal)  # iterating an Enum class is slow
+# iterating an Enum class, and reading a member's value, are slow
+_ALL_SIGNALS: tuple[tuple[Signal, str], ...] = tuple((s, s.value) for s in Signal)
 
 
 def _confidence(ev: RuleEval | Outcome, coverage: float) -> float:
@@ -98,6 +107,17 @@ def _signal_inputs(name: str) -> tuple[str, ...]:
     return DERIVED_INPUTS.get(name, (name,))
 
 
+def _rule_check(
+    rule: Rule, result: bool | None, unknown: Iterable[str], points: bool, conditions: Iterable[Condition],
+    parts: Iterable[bool | None], uncovered: bool = False,
+) -> RuleCheck:
+    """The check of one rule: ``points`` counts only for an undecidable rule (or one whose
+    match is not yet covered by samples)."""
+    verdict = Verdict.UNDECIDABLE if result is None else Verdict.MATCHED if result else Verdict.NOT_MATCHED
+    return RuleCheck(rule.id, rule.mode, rule.cause, verdict, tuple(sorted({i for u in unknown for i in _signal_inputs(u)})),
+                     (result is None and points) or uncovered, tuple(conditions), tuple(parts))
+
+
 def covered_s(view: TargetView, span_s: float) -> float:
     """Seconds of the last ``span_s`` that KV samples cover: from the first sample inside it (which
     stands for one step) to ``at``. Gaps inside are allowed (range queries fill them from the lookback)."""
@@ -126,11 +146,13 @@ def diagnose_target(
     p = view.p
     sourced = view.data.sourced.get(view.key, set())
     missing: list[str] = []
-    for sig in _ALL_SIGNALS:
+    for sig, name in _ALL_SIGNALS:
         if sig not in sourced:
-            missing.append(sig.value)
-        elif not view.stat(sig.value, p.window_s, "count"):
-            missing.append(f"{sig.value} (no data)")
+            missing.append(name)
+        else:
+            counts = view.fleet.column(name, p.window_s, "count")  # view.stat(…, "count"), 18 times a target
+            if counts is None or not counts[view.row]:
+                missing.append(f"{name} (no data)")
     if facts is None:
         facts = facts_for(view, group)
 
@@ -159,6 +181,11 @@ def diagnose_target(
         if outcomes is not None:
             ev = outcomes[i]
             result = ev.result
+            if not result:  # not matched: targets with the same outcome share one check
+                if ev.check is None:
+                    ev.check = _rule_check(rule, result, ev.unknown, ev.points, ev.conditions, ev.parts)
+                checks.append(ev.check)
+                continue
         else:
             ev = RuleEval(view, rule, facts, explain)
             result = ev.node(rule.when)
@@ -173,11 +200,7 @@ def diagnose_target(
                 unknown = {*unknown, Signal.KV_USAGE.value}
                 not_yet.append(f"rule {rule.id} matches but samples cover only {_span(covered)} "
                                f"of its {_span(span)} `for`")
-        verdict = Verdict.UNDECIDABLE if result is None else Verdict.MATCHED if result else Verdict.NOT_MATCHED
-        checks.append(
-            RuleCheck(rule.id, rule.mode, rule.cause, verdict, tuple(sorted({i for u in unknown for i in _signal_inputs(u)})),
-                      (result is None and ev.points) or uncovered, tuple(ev.conditions), tuple(ev.parts))
-        )
+        checks.append(_rule_check(rule, result, unknown, ev.points, ev.conditions, ev.parts, uncovered))
         if not result:
             continue
         ctx = TemplateContext(view, span, facts)

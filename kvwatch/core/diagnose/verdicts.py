@@ -34,13 +34,20 @@ PERSISTENT_QUEUE_SPAN_S = 600.0
 QUEUE_CLEARED_S = 60.0
 
 _MODES: tuple[FailureMode, ...] = tuple(m for m in PRECEDENCE if m is not FailureMode.HEALTHY)
+_NOT_MATCHED: dict[FailureMode, ModeVerdict] = {m: ModeVerdict(m, Verdict.NOT_MATCHED) for m in _MODES}
 
 
 def mode_verdicts(checks: Sequence[RuleCheck]) -> tuple[ModeVerdict, ...]:
     """One verdict per failure mode, in precedence order (a mode without rules is not matched)."""
+    by_mode: dict[FailureMode, list[RuleCheck]] = {}
+    for c in checks:  # one pass (a target has a dozen checks, a fleet thousands of targets)
+        by_mode.setdefault(c.mode, []).append(c)
     out: list[ModeVerdict] = []
     for mode in _MODES:
-        rules = [c for c in checks if c.mode is mode]
+        rules = by_mode.get(mode)
+        if not rules or all(c.verdict is Verdict.NOT_MATCHED for c in rules):
+            out.append(_NOT_MATCHED[mode])
+            continue
         matched = tuple(c.rule_id for c in rules if c.verdict is Verdict.MATCHED)
         if matched:
             out.append(ModeVerdict(mode, Verdict.MATCHED, matched))
