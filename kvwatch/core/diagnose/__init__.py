@@ -6,7 +6,8 @@ is tested with plain arrays. One module per job:
 - :mod:`.view`: :class:`Params` and the per-target data view over the fleet statistics cache;
 - :mod:`.facts`: capacity facts (tokens, headroom, period) of one target;
 - :mod:`.groups`: replica-group facts across targets of one (job, model);
-- :mod:`.conditions`: the three-valued evaluator of one rule's condition tree;
+- :mod:`.conditions`: the three-valued evaluator of one rule's condition tree (the definition);
+- :mod:`.fleetrules`: the same conditions for every target at once, as numpy vectors (the fast path);
 - :mod:`.context`: the template context of triage text;
 - :mod:`.verdicts`: rule outcomes → one verdict per mode → the target state (precedence);
 - :mod:`.target`: one target's result: blind spots, rule checks, diagnoses, confidence.

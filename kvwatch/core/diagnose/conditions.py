@@ -5,6 +5,10 @@ A statistic that cannot be computed (signal not exported, no samples) is
 whatever unknown siblings would say, and a rule matches only when its condition
 is definitely true. Evidence, margins and (for ``kvwatch explain``) every
 condition are collected on the way.
+
+This per-target walk is the definition; :mod:`.fleetrules` evaluates the same conditions
+for the whole fleet at once (what ``diagnose`` uses) and must give identical results
+(``tests/test_diagnose_fast.py``): change both together.
 """
 
 from __future__ import annotations

@@ -8,13 +8,15 @@ the ``all``/``any``/``not`` tree is combined in three-valued vector logic, with 
 short-circuit as a *visited* mask so that exactly the leaves the per-target walk reaches
 contribute unknown signals, ``points`` and the top-level ``parts``.
 
-What a rule that did not match needs (its :class:`~kvwatch.core.models.RuleCheck`) comes
-from here; a rule that matched is evaluated again per target by :class:`~.conditions.RuleEval`
-for its evidence and margins, and ``kvwatch explain`` uses only the per-target walk, which
-stays the definition of the semantics. The two must agree exactly:
-``tests/test_diagnose_fast.py`` diagnoses varied fleets both ways and compares every result;
-a change to :meth:`RuleEval.leaf <.conditions.RuleEval.leaf>` needs the same change in
-:meth:`FleetRules._leaf`.
+Everything a rule check and a matched rule's diagnosis need comes from here: the result,
+the unknown signals, ``points``, ``parts``, and for a matched rule its evidence and margins
+(built only for the targets it matched). ``kvwatch explain`` and ``diagnose(...,
+reference=True)`` use the per-target walk, which stays the definition of the semantics.
+The two must agree exactly: ``tests/test_diagnose_fast.py`` diagnoses varied fleets both
+ways and compares every result (``KVWATCH_CHECK_FLEET_RULES=1`` makes any test run compare
+every rule of every target too); a change to :meth:`RuleEval.leaf <.conditions.RuleEval.leaf>`
+or :meth:`RuleEval.node <.conditions.RuleEval.node>` needs the same change in
+:meth:`FleetRules._leaf` / :meth:`FleetRules._node`.
 
 Per-target work that stays per target, because it is rare or a walk along one series:
 statistics without a fleet kernel (swings, episodes; only for targets that reach the leaf),

@@ -140,9 +140,8 @@ def diagnose_target(
     ``explain`` records every condition of every rule (``kvwatch explain``).
 
     ``facts``: this target's :func:`facts_for` when already computed. ``outcomes``: each
-    rule's outcome from the fleet-wide evaluator (:mod:`.fleetrules`), used for the rules
-    it found not matched; a rule it matched is evaluated here (evidence, margins), and
-    without ``outcomes`` every rule is."""
+    rule's outcome from the fleet-wide evaluator (:mod:`.fleetrules`); without them every
+    rule is evaluated here by :class:`~.conditions.RuleEval` (the same results)."""
     p = view.p
     sourced = view.data.sourced.get(view.key, set())
     missing: list[str] = []
