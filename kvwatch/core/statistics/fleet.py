@@ -40,7 +40,6 @@ class FleetStats:
         self._ceil: dict[Signal, np.ndarray] = {}
         self._first: dict[tuple[str, float], np.ndarray | None] = {}
         self._starts: dict[float, int] = {}
-        self._series: list[dict[Signal, np.ndarray]] | None = None
 
     def start(self, span_s: float) -> int:
         """Index of the first grid point inside (at − span, at]."""
@@ -87,9 +86,7 @@ class FleetStats:
             m = a if a is None or w is None else np.where(w < 0.5, np.nan, a)
         else:
             sig = _SIGNALS.get(name)
-            if sig is not None and self._series is None:  # each target's series, looked up once
-                self._series = [self.data.series.get(k, {}) for k in self.keys]
-            rows = [s.get(sig) for s in self._series] if sig is not None and self._series is not None else []
+            rows = [self.data.values(k, sig) for k in self.keys] if sig is not None else []
             m = None
             if any(r is not None for r in rows):
                 m = np.full((len(self.keys), len(self.data.grid)), np.nan)
