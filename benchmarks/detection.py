@@ -102,7 +102,8 @@ def _first(seq: Sequence[tuple[float, bool]], after: float, value: bool) -> floa
 def _is_fault(mode: str, rule: str, target: PhasedTarget) -> bool:
     if mode != target.mode.value:
         return False
-    return target.cause is None or rule.endswith(target.cause.value.replace("_", "-"))
+    # the cause is part of the rule id: idle-batch-limited and its fast rule idle-batch-limited-fast
+    return target.cause is None or target.cause.value.replace("_", "-") in rule
 
 
 @dataclass(frozen=True)

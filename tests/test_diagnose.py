@@ -618,3 +618,28 @@ def test_a_held_queue_caught_once_per_peak_still_guards_misread() -> None:
                 ttft_p50=const(0.1), ttft_p99=const(6.2), ttft_mean=const(0.3))
     r = diagnose_one(sigs)
     assert r.state is not FailureMode.MISREAD, r.primary
+
+
+def test_a_queue_behind_a_pinned_batch_for_five_minutes_is_batch_limited() -> None:
+    """Issue 11 (fast evidence; rnd-11-037, a ramp into max_num_seqs=128): requests have waited
+    at every sample for 5.5 minutes, the queue growing, running pinned at 128 and KV 25 % used.
+    The 10-minute rule needs a queue in 80 % of its span and answered `unknown` (a persistent
+    queue no rule explains); a cap that holds the batch at every sample decides sooner."""
+    running = 80 + 40 * np.random.default_rng(4).random(N)
+    waiting = const(0)
+    k = N - 12
+    running[k:], waiting[k:] = 128, np.linspace(5, 130, N - k)
+    r = diagnose_one(base(kv_usage=const(0.25), running=running, waiting=waiting))
+    assert r.state is FailureMode.IDLE and r.primary.cause == "batch_limited", r.primary
+
+
+def test_a_batch_that_was_larger_while_requests_waited_is_not_a_cap() -> None:
+    """rnd-51-075 (LMDeploy, reservation stall, no cap exported): a queue the whole window and
+    running wandering 12-15, at 13-14 for the last 5 minutes. A max_num_seqs cap holds running
+    at it whenever requests wait, so 15 running with a queue minutes ago says 14 is no cap: the
+    fast rule must not name batch-limited on the last 5 minutes alone."""
+    running = 13 + np.random.default_rng(5).integers(-1, 3, N).astype(float)
+    running[-11:] = np.where(np.arange(11) % 3 == 0, 14.0, 13.0)
+    r = diagnose_one(base(kv_usage=const(0.27), running=running, waiting=const(1700)), explain=True)
+    fast = next(c for c in r.checks if c.rule_id == "idle-batch-limited-fast")
+    assert fast.verdict is Verdict.NOT_MATCHED, fast

@@ -45,6 +45,7 @@ DERIVED_SIGNALS: dict[str, str] = {
     "running_vs_cap": "running / max_running",
     "running_vs_cap_queued": "running / max_running except where nobody waits (waiting < 0.5: a gap); no waiting: every sample",
     "completion_rate": "request_rate - abort_rate (abort_rate absent: 0), requests/s that completed",
+    "running_queued": "running except where nobody waits (waiting < 0.5: a gap); no waiting: every sample",
     "queue_wait": "waiting / request_rate, s: Little's-law time in queue (0 with nobody waiting; a gap while nothing finishes)",
 }
 #: the canonical signals each derived signal is computed from
@@ -53,6 +54,7 @@ DERIVED_INPUTS: dict[str, tuple[str, ...]] = {
     "running_vs_cap": ("running", "max_running"),
     "running_vs_cap_queued": ("running", "max_running"),  # waiting only narrows the samples
     "completion_rate": ("request_rate", "abort_rate"),
+    "running_queued": ("running",),  # waiting only narrows the samples
     "queue_wait": ("waiting", "request_rate"),
 }
 SIGNAL_NAMES: frozenset[str] = frozenset({s.value for s in Signal} | set(DERIVED_SIGNALS))

@@ -64,6 +64,12 @@ class FleetStats:
             # that gave up on a wedged engine) as finished, so aborts are taken out
             a, b = self.matrix("request_rate"), self.matrix("abort_rate")
             m = None if a is None else a if b is None else np.maximum(a - np.where(np.isnan(b), 0.0, b), 0.0)
+        elif name == "running_queued":
+            # running where requests wait: a max_num_seqs ceiling holds running at the cap whenever
+            # somebody waits, so running above today's ceiling earlier *with a queue* says the
+            # ceiling is not a cap (a trough with nobody waiting says nothing; no queue gauge: all)
+            a, w = self.matrix("running"), self.matrix("waiting")
+            m = a if a is None or w is None else np.where(w < 0.5, np.nan, a)
         elif name == "queue_wait":
             # Little's law: a queue of L requests served at λ requests/s holds each for L/λ s on
             # average, and took at least about that long to build. A queue caught by one sample
