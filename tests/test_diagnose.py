@@ -643,3 +643,15 @@ def test_a_batch_that_was_larger_while_requests_waited_is_not_a_cap() -> None:
     r = diagnose_one(base(kv_usage=const(0.27), running=running, waiting=const(1700)), explain=True)
     fast = next(c for c in r.checks if c.rule_id == "idle-batch-limited-fast")
     assert fast.verdict is Verdict.NOT_MATCHED, fast
+
+
+def test_a_capped_oscillation_without_a_running_gauge_is_still_decided() -> None:
+    """Issue 11 (no-running variant: rnd-51-009, rnd-52-048, rnd-11-051): max_num_seqs caps the
+    peaks at 20 % KV, so the pool swings by less than 30 points and only "KV and running both
+    drain to under half their peak" reads the cycle. Without a running gauge that stayed
+    undecidable (`unknown`); the KV fill-and-drain with a queue held at every peak is the
+    mechanism itself, running only corroborates it where exported."""
+    sigs = base(kv_usage=sine(0.03, 0.2, 300), waiting=np.where(sine(0.03, 0.2, 300) > 0.17, 20.0, 0.0))
+    del sigs[Signal.RUNNING]
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.OSCILLATING, r.primary
