@@ -655,3 +655,33 @@ def test_a_capped_oscillation_without_a_running_gauge_is_still_decided() -> None
     del sigs[Signal.RUNNING]
     r = diagnose_one(sigs)
     assert r.state is FailureMode.OSCILLATING, r.primary
+
+
+def _fading_episode_tail(queue_p99_last: float | None) -> dict[Signal, np.ndarray]:
+    """The detection benchmark's after-effect (ph-full-200-trtllm-serve, +46.5 min): the queue
+    gauge last read 1+ at minute 19.5 (10.5 minutes ago), but the last queued requests got their
+    first token after that sample, and the newest 10-minute quantile (sampled every minute, so up
+    to a step old) still holds a few of them: p99 8.4 s, p50 5 ms, mean 0.37 s. The queue-time
+    quantile of the same latency window says those requests waited (``queue_p99_last`` s)."""
+    minutes = (GRID - GRID[0]) / 60
+    queued = minutes < 19.75
+    p99 = np.where(minutes < 25, 600.0, np.linspace(150.0, 8.4, N))
+    p50 = np.where(minutes < 25, 25.0, 0.005)
+    mean = np.where(minutes < 29.5, 40.0, 0.37)
+    sig = base(kv_usage=np.where(queued, 0.97, 0.3), waiting=np.where(queued, 300.0, 0.0),
+               ttft_p99=p99, ttft_p50=p50, ttft_mean=mean)
+    if queue_p99_last is not None:
+        sig[Signal.QUEUE_P99] = np.where(minutes < 29.5, 400.0, queue_p99_last)
+    return sig
+
+
+def test_a_tail_whose_requests_queued_is_not_misread_after_the_queue_gauge_clears() -> None:
+    """Issue 11 item 5 (lagging windows must not produce new verdicts): 10 minutes without a
+    queue *sample* is not 10 minutes of requests served without queueing. The queue-time
+    quantile over the same latency window is the requests' own account: while it says they
+    waited beyond the SLO, the TTFT tail is the episode's, not the workload's."""
+    r = run({"t": _fading_episode_tail(queue_p99_last=28.0)})["t"]
+    assert r.state is not FailureMode.MISREAD, r.diagnoses
+    # the same window whose requests did not wait: the tail is the workload's
+    r = run({"t": _fading_episode_tail(queue_p99_last=0.2)})["t"]
+    assert r.state is FailureMode.MISREAD and r.primary.rule_id == "misread-ttft-tail-settled", r.diagnoses
