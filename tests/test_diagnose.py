@@ -685,3 +685,29 @@ def test_a_tail_whose_requests_queued_is_not_misread_after_the_queue_gauge_clear
     # the same window whose requests did not wait: the tail is the workload's
     r = run({"t": _fading_episode_tail(queue_p99_last=0.2)})["t"]
     assert r.state is FailureMode.MISREAD and r.primary.rule_id == "misread-ttft-tail-settled", r.diagnoses
+
+
+def test_a_limit_lifted_minutes_ago_is_not_a_stall_once_running_falls_from_its_peak() -> None:
+    """Issue 11 (no incident after recovery; detection benchmark, batch-limited on SGLang,
+    max_num_seqs 8 restored 1.5 minutes ago, no cap exported): the queue of 140 was admitted at
+    once (running 8 → 214) and running has since fallen back to the healthy ~100, so it is no
+    longer a new high of the span. The 10m span still reads "a queue in 85 % of it, KV free,
+    running not at a ceiling", but running now is far above anything it reached while requests
+    waited: the limit that made them wait is gone. A stall whose queue empties for a scrape
+    without running rising above its queued level stays fragmented."""
+    rng = np.random.default_rng(12)
+    k = N - 3  # lifted 1.5 minutes (3 steps) before the end
+    running = 8 + rng.integers(-1, 1, N).astype(float)
+    usage = 0.05 + 0.01 * rng.random(N)
+    waiting = 140 + rng.integers(-8, 8, N).astype(float)
+    running[k - 1:] = [209.0, 126.0, 102.0, 107.0]
+    usage[k - 1:] = [0.40, 0.30, 0.25, 0.25]
+    waiting[k - 1:] = 0
+    r = run({"t": base(kv_usage=usage, waiting=waiting, running=running)})["t"]
+    assert r.state is not FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]
+    # a stall (running ~200 under a reservation) whose queue empties for the last two scrapes
+    stall_r = 200 + rng.integers(-25, 25, N).astype(float)
+    stall_w = 120 + rng.integers(-8, 8, N).astype(float)
+    stall_w[-2:] = 0
+    r = run({"t": base(kv_usage=const(0.5) + 0.01 * rng.random(N), waiting=stall_w, running=stall_r)})["t"]
+    assert r.state is FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]

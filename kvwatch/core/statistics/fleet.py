@@ -90,6 +90,17 @@ class FleetStats:
             # (no queue gauge, or a gap in it: every sample counts, as running_vs_cap)
             a, w = self.matrix("running_vs_cap"), self.matrix("waiting")
             m = a if a is None or w is None else np.where(w < 0.5, np.nan, a)
+        elif name == "running_vs_queued_max":
+            # the limit that made requests wait bounded running while they waited; running far
+            # above every earlier queued level means that limit is gone (a cap raised, a restart),
+            # even after the admitted backlog has finished and running fell from its peak
+            a, w = self.matrix("running"), self.matrix("waiting")
+            m = None
+            if a is not None and w is not None:
+                # causal: the queued samples up to this one (NaN until the first; fmax skips gaps)
+                peak = np.fmax.accumulate(np.where(w >= 0.5, a, np.nan), axis=1)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    m = np.where(peak > 0, a / peak, np.nan)
         else:
             sig = _SIGNALS.get(name)
             rows = [self.data.values(k, sig) for k in self.keys] if sig is not None else []
