@@ -8,7 +8,8 @@ backfilled into a real Prometheus with promtool and replayed step by step with
 prints the time from the change to kvwatch's incident and to the static
 ``min_over_time(kv_usage[5m]) > 0.9`` alert measured on the same data, the time to clear
 after the load drops and after the ground truth recovers (the backlog drained),
-incidents that are not the fault, and healthy steps flagged.
+incidents that are not the fault (and, apart, the fault's own incident first named another
+mode, then renamed in place), and healthy steps flagged.
 
     python benchmarks/detection.py [--seeds 1 2] [--dialects vllm-0.10 sglang-0.5 trtllm-serve]
 """
@@ -60,11 +61,13 @@ class Measured:
     dialect: str
     period_s: float | None
     detect_s: float | None = None
+    opened_s: float | None = None  # the incident that came to carry the fault first opened (any mode)
     static_detect_s: float | None = None
     clear_after_drop_s: float | None = None
     clear_after_truth_s: float | None = None
     static_clear_s: float | None = None
     wrong: list[str] = field(default_factory=list)  # incidents that are not the fault
+    renamed: list[str] = field(default_factory=list)  # the fault's own incident, first named another mode
     draining: list[str] = field(default_factory=list)  # opened while the backlog drains (load dropped, truth not yet healthy)
     after_recovery: list[str] = field(default_factory=list)  # incidents opened after recovery
     healthy_steps: int = 0
@@ -136,11 +139,18 @@ def measure(result: BacktestResult, runs: dict[str, tuple[PhasedTarget, TargetRu
         fault_at = _wall(run, target.fault_at) if math.isfinite(target.fault_at) else math.inf
         drop_at = _wall(run, target.recover_at) if math.isfinite(target.recover_at) else math.inf
         truth_at = _wall(run, target.recovered_at) if math.isfinite(target.recovered_at) else math.inf
-        segs = [s for inc in tl.incidents for s in segments(inc)]
+        per_inc = [segments(inc) for inc in tl.incidents]
+        segs = [s for ss in per_inc for s in ss]
         mine = [s for s in segs if _is_fault(s.mode, s.rule, target) and s.start >= fault_at]
+        # an incident that comes to carry the fault was the fault's page from its start: a mode it
+        # carried before (the first peak of an oscillation pinned like full) named the fault late
+        # (detect counts to the fault's own name), it is not an incident that is not the fault
+        renamed = {s for ss in per_inc if any(x in mine for x in ss)
+                   for s in ss if s not in mine and s.start < min(x.start for x in ss if x in mine)}
         if mine:
             first = min(mine, key=lambda s: s.start)
             m.detect_s = first.start - fault_at
+            m.opened_s = min(s.start for ss in per_inc if any(x in mine for x in ss) for s in ss) - fault_at
             last = max(s.end for s in mine)
             if math.isfinite(last):
                 m.clear_after_drop_s = last - drop_at
@@ -160,7 +170,9 @@ def measure(result: BacktestResult, runs: dict[str, tuple[PhasedTarget, TargetRu
             if seg in mine:
                 continue
             what = f"{seg.rule}@{(seg.start - fault_at) / 60:+.1f}m" if math.isfinite(fault_at) else seg.rule
-            if seg.start >= truth_at:
+            if seg in renamed:
+                m.renamed.append(what)
+            elif seg.start >= truth_at:
                 m.after_recovery.append(what)
             elif seg.start >= drop_at:
                 m.draining.append(what)
@@ -191,7 +203,7 @@ def _fmt(xs: list[float | None]) -> str:
 def report(ms: list[Measured]) -> str:
     lines = [f"{'fault':<14} {'n':>2} {'detected':>8} {'detect med/max min':>18} {'static med/max':>14}"
              f" {'before static':>13} {'clear after drop':>16} {'clear after truth':>17} {'static clear':>12}"
-             f" {'wrong':>5} {'draining':>8} {'after rec.':>10} {'healthy flagged':>15}"]
+             f" {'wrong':>5} {'renamed':>7} {'draining':>8} {'after rec.':>10} {'healthy flagged':>15}"]
     for fault in [*FAULTS, "control"]:
         g = [m for m in ms if m.fault == fault]
         if not g:
@@ -201,7 +213,7 @@ def report(ms: list[Measured]) -> str:
             f"{fault:<14} {len(g):>2} {sum(m.detect_s is not None for m in g):>8} {_fmt([m.detect_s for m in g]):>18}"
             f" {_fmt([m.static_detect_s for m in g]):>14} {before:>13} {_fmt([m.clear_after_drop_s for m in g]):>16}"
             f" {_fmt([m.clear_after_truth_s for m in g]):>17} {_fmt([m.static_clear_s for m in g]):>12}"
-            f" {sum(len(m.wrong) for m in g):>5} {sum(len(m.draining) for m in g):>8}"
+            f" {sum(len(m.wrong) for m in g):>5} {sum(len(m.renamed) for m in g):>7} {sum(len(m.draining) for m in g):>8}"
             f" {sum(len(m.after_recovery) for m in g):>10}"
             f" {sum(m.healthy_flagged for m in g):>7}/{sum(m.healthy_steps for m in g):<7}")
     lines.append("(low_demand is an info diagnosis, no incident: detection and clearing read from the state timeline)")
@@ -209,14 +221,19 @@ def report(ms: list[Measured]) -> str:
     if osc:
         lines.append("oscillation detected after " + ", ".join(f"{m.detect_s / m.period_s:.1f}" for m in osc)
                      + " periods")
+        early = [m for m in osc if m.renamed and m.opened_s is not None]
+        if early:
+            lines.append(f"  {len(early)} of them first opened as another mode (renamed in place) after "
+                         + ", ".join(f"{m.opened_s / m.period_s:.1f}" for m in early if m.period_s) + " periods")
     clears = [m.clear_after_truth_s for m in ms if m.clear_after_truth_s is not None]
     if clears:
         lines.append(f"median clear after ground-truth recovery, all faults: {statistics.median(clears) / 60:.1f} min")
     lines.append("")
     for m in ms:
-        if m.wrong or m.draining or m.after_recovery or (m.detect_s is None and m.fault != "control") \
+        if m.wrong or m.renamed or m.draining or m.after_recovery or (m.detect_s is None and m.fault != "control") \
                 or m.healthy_flagged:
-            lines.append(f"  {m.name:<42} detect {m.detect_s} wrong {m.wrong} draining {m.draining}"
+            lines.append(f"  {m.name:<42} detect {m.detect_s} opened {m.opened_s} wrong {m.wrong}"
+                         f" renamed {m.renamed} draining {m.draining}"
                          f" after-recovery {m.after_recovery} healthy flagged {m.healthy_flagged}")
     return "\n".join(lines)
 

@@ -60,7 +60,7 @@ def test_detected_within_five_minutes_and_before_the_static_alert(measured, faul
     m = measured[fault]
     assert m.detect_s is not None and m.detect_s <= 5 * MIN, m
     assert m.static_detect_s is None or m.detect_s < m.static_detect_s, m
-    assert not m.wrong and not m.after_recovery, m
+    assert not m.wrong and not m.renamed and not m.after_recovery, m
     assert m.clear_after_truth_s is not None and m.clear_after_truth_s <= 10 * MIN, m
     assert m.healthy_flagged == 0, m
 
