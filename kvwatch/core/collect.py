@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from kvwatch.core.dialects import BY, DIALECT_BY_ID, Source, SourceKind, selector
-from kvwatch.core.frame import FleetData
+from kvwatch.core.frame import FleetData, latency_hold_steps
 from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.promclient import QueryClient, Series
 from kvwatch.core.selector import Matcher
@@ -181,7 +181,7 @@ def _latency_hold(latency_window: str | None, step_s: float) -> int:
         lw = parse_duration(latency_window)
     except ValueError:
         return 1
-    return max(1, int(lw / 10 // step_s))
+    return latency_hold_steps(lw, step_s)
 
 
 def _hold_index(n: int, k0: int, hold: int) -> np.ndarray:

@@ -20,6 +20,15 @@ from kvwatch.core.signals import Signal
 FRAME_COLUMNS = ("job", "instance", "signal", "ts", "value")
 
 
+def latency_hold_steps(latency_window_s: float, step_s: float) -> int:
+    """Grid steps between latency-quantile samples: about a tenth of the latency window, at
+    least 1 (a quantile over a long window changes slowly, so collection samples it coarsely
+    and holds each sample over the steps after it: the newest is up to ``hold − 1`` steps old)."""
+    if latency_window_s <= 0 or step_s <= 0:
+        return 1
+    return max(1, int(latency_window_s / 10 // step_s))
+
+
 @dataclass
 class FleetData:
     """``grid``: Unix seconds, oldest first. ``series[key][signal]``: values on the grid."""

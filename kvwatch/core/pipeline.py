@@ -128,7 +128,8 @@ def counted(
     before = getattr(stats, "queries", 0)
     warnings_before = getattr(stats, "warnings_total", 0)
     targets, data = body()
-    params = Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo)
+    params = Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo,
+                    latency_window_s=rate_window(ev.latency_window, data.scrape_interval_s))
     keys = explain_keys([t.key for t in targets], explain) if explain else frozenset()
     results = diagnose(targets, data, rules, params, explain=keys)
     queries = getattr(stats, "queries", 0) - before

@@ -75,6 +75,8 @@ FACTS: dict[str, str] = {
     "group_kv_usage_mean": "fleet (group) mean KV usage incl. this replica",
     "kv_usage_vs_group": "this replica's mean KV usage minus the others' median",
     "ttft_slo": "configured TTFT SLO in seconds",
+    "latency_reach_s": "how far back (s) the requests in the newest latency quantile may have waited: "
+                       "the latency window + the sample's age (coarse sampling) + one step",
     "period": "dominant period of KV usage over the window, seconds",
     "period_minutes": "dominant period of KV usage over the window, minutes",
     "kv_cycles": "fill/drain cycles of KV usage (>=0.8 then <=0.4) over the window",

@@ -94,6 +94,7 @@ def evaluate_inprocess(settings: Settings, rules: RuleSet, seed: int, warmup_s: 
     n = int(ev.window // ev.step)
     grid = at.timestamp() - ev.step * np.arange(n, -1, -1, dtype=float)
     targets, data = fleet_data(fleet, grid, ev.rate_window, latency_window(settings))
-    params = Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo)
+    params = Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo,
+                    latency_window_s=latency_window(settings))
     results = diagnose(targets, data, rules, params)
     return Evaluation(evaluated_at=at, results=results, window_s=ev.window, queries=0), fleet

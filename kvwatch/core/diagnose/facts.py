@@ -34,6 +34,7 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "capacity_requests": safe_ratio(cap, per_req),
         "max_running": view.stat("max_running", w, "last"),
         "ttft_slo": p.ttft_slo_s,
+        "latency_reach_s": p.latency_reach_s,
         "period": period,
         "period_minutes": None if period is None else period / 60,
         "kv_cycles": None if cycles is None else float(cycles),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvwatch.core.bounds import ORDER_STATS, Bound, clamped, classify, straddled
-from kvwatch.core.frame import FleetData
+from kvwatch.core.frame import FleetData, latency_hold_steps
 from kvwatch.core.models import Target
 from kvwatch.core.rules import DERIVED_INPUTS
 from kvwatch.core.signals import Signal
@@ -31,6 +31,16 @@ class Params:
     window_s: float
     step_s: float
     ttft_slo_s: float = 2.0
+    #: the window latency quantiles are read over (evaluation.latency_window, widened for slow scrapes)
+    latency_window_s: float = 600.0
+
+    @property
+    def latency_reach_s(self) -> float:
+        """How far back the requests in the newest latency quantile may have waited: its window,
+        its age (sampled every ``hold`` steps and held in between: up to ``hold − 1`` steps old)
+        and one step (a queue can outlast its last sample by a step, and the requests it
+        admitted at its end get their first token after that)."""
+        return self.latency_window_s + latency_hold_steps(self.latency_window_s, self.step_s) * self.step_s
 
     @property
     def fresh_s(self) -> float:

@@ -43,6 +43,7 @@ class ReplayParams:
     resolution_s: float
     ttft_slo_s: float
     lifecycle: LifecycleSettings
+    latency_window_s: float = 600.0
 
 
 def step_times(start: float, end: float, step_s: float) -> tuple[float, ...]:
@@ -139,7 +140,8 @@ def replay_steps(
     for i, (t, present) in enumerate(zip(steps, per_step, strict=True)):
         route = {tg.key: j for tg in present if (j := layer_of.get((tg.key, source_sig(tg)))) is not None}
         view = StepView(layers, route, list(present), t, params.window_s)
-        p = Params(at=t, window_s=params.window_s, step_s=params.resolution_s, ttft_slo_s=params.ttft_slo_s)
+        p = Params(at=t, window_s=params.window_s, step_s=params.resolution_s, ttft_slo_s=params.ttft_slo_s,
+                   latency_window_s=params.latency_window_s)
         results = diagnose(list(present), view, rules, p)
         for r in results:
             last[r.target.key] = r.target
@@ -184,7 +186,7 @@ def run_backtest(
     per_step = discover_steps(client, steps, ev.window, matchers, settings.discovery.dialects, spec.max_points)
     layers, layer_of = fetch_layers(client, per_step, spec)
     queries = getattr(getattr(client, "stats", None), "queries", 0) - before
-    params = ReplayParams(ev.window, ev.step, ev.ttft_slo, settings.lifecycle)
+    params = ReplayParams(ev.window, ev.step, ev.ttft_slo, settings.lifecycle, ev.latency_window)
     timelines = replay_steps(per_step, layers, layer_of, rules, params, steps)
     return BacktestResult(
         start=start.timestamp(),
