@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -164,8 +164,9 @@ class FleetRules:
         got = self._layout.get(name)
         if got is None:
             sig = _SIGNALS.get(name)
+            rows = self.fleet.target_buckets
             got = self._layout[name] = np.array(
-                [sig is not None and bool(v.data.buckets.get(v.key, {}).get(sig)) for v in self.views], dtype=bool)
+                [sig is not None and bool(rows[r].get(sig)) for r in self.rows.tolist()], dtype=bool)
         return got
 
     # ---- the condition tree ------------------------------------------------------------------
@@ -280,9 +281,7 @@ class FleetRules:
             row: list[Outcome] = []
             for i, key in enumerate(keys):
                 if key[0] == 1:  # matched: the rule's diagnosis quotes its evidence
-                    o = _outcome(key, names, len(acc.parts))
-                    evidence, margins = self._evidence(acc.compared, i)
-                    row.append(replace(o, evidence=evidence, margins=margins))
+                    row.append(_outcome(key, names, len(acc.parts), *self._evidence(acc.compared, i)))
                     continue
                 o = self._outcomes.get((rule.id, *key))
                 if o is None:
@@ -316,7 +315,8 @@ class FleetRules:
 _RESULT: tuple[bool | None, ...] = (False, True, None, None)
 
 
-def _outcome(key: tuple[int, int, bool, int], names: list[tuple[int, str]], nparts: int) -> Outcome:
+def _outcome(key: tuple[int, int, bool, int], names: list[tuple[int, str]], nparts: int,
+             evidence: tuple[Evidence, ...] = (), margins: tuple[float, ...] = ()) -> Outcome:
     result, unknown, points, code = key
     parts: list[bool | None] = []
     for j in range(nparts):
@@ -324,4 +324,5 @@ def _outcome(key: tuple[int, int, bool, int], names: list[tuple[int, str]], npar
         if c == 3:
             break
         parts.append(_RESULT[c])
-    return Outcome(_RESULT[result], frozenset(n for bit, n in names if unknown & bit), points, tuple(parts))
+    return Outcome(_RESULT[result], frozenset(n for bit, n in names if unknown & bit), points, tuple(parts),
+                   evidence, margins)

@@ -10,6 +10,7 @@ the whole fleet in one call. The kernels live in the statistics registry
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 
@@ -135,9 +136,18 @@ class FleetStats:
         """Each target's highest finite histogram bound of ``sig`` (NaN: none)."""
         got = self._ceil.get(sig)
         if got is None:
-            got = self._ceil[sig] = np.array(
-                [self.data.ceilings.get(k, {}).get(sig, np.nan) for k in self.keys], dtype=float)
+            got = self._ceil[sig] = np.array([c.get(sig, np.nan) for c in self.target_ceilings], dtype=float)
         return got
+
+    @functools.cached_property
+    def target_ceilings(self) -> list[dict[Signal, float]]:
+        """Each target's ceilings (``FleetData.ceilings``), looked up once per fleet."""
+        return [self.data.ceilings.get(k) or {} for k in self.keys]
+
+    @functools.cached_property
+    def target_buckets(self) -> list[dict[Signal, tuple[float, ...]]]:
+        """Each target's bucket layouts (``FleetData.buckets``), looked up once per fleet."""
+        return [self.data.buckets.get(k) or {} for k in self.keys]
 
     def may_clamp(self, names: Sequence[str], span_s: float) -> np.ndarray:
         """Targets with a sample at the histogram ceiling (:func:`~kvwatch.core.bounds.clamped`)
