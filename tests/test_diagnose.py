@@ -724,3 +724,18 @@ def test_a_limit_lifted_minutes_ago_is_not_a_stall_once_running_falls_from_its_p
     stall_w[-2:] = 0
     r = run({"t": base(kv_usage=const(0.5) + 0.01 * rng.random(N), waiting=stall_w, running=stall_r)})["t"]
     assert r.state is FailureMode.FRAGMENTED, [(d.mode, d.rule_id) for d in r.diagnoses]
+
+
+def test_a_wedged_engine_without_token_counters_is_stalled_not_undecided() -> None:
+    """Issue 11 item 2 (rnd-12-023, LMDeploy without token counters): progress falls back to
+    completed requests where tokens are not counted at all. The guard "tokens, or else
+    completions" left its token branch undecidable when the engine exports no tokens, so a
+    engine wedged 4 minutes ago (2,700 waiting, running frozen at 24, no request completing
+    since) read as "fragmented undecidable" and answered `unknown` instead of stalled."""
+    running = 10 + 30 * np.random.default_rng(6).random(N)
+    rate = const(3.0)
+    running[-8:], rate[-8:] = 24, 0.0
+    sigs = base(kv_usage=const(0.14), running=running, waiting=np.linspace(1500, 2700, N), request_rate=rate)
+    del sigs[Signal.GEN_TPS]
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.IDLE and r.primary.cause == "stalled", r.primary
