@@ -21,7 +21,7 @@ from support.prom import backfill, prometheus
 
 from kvwatch.cli import main
 from kvwatch.config import load_settings
-from kvwatch.core.collect import bucket_query, plan
+from kvwatch.core.collect import bucket_query, plan, quantile_families
 from kvwatch.core.dialects import SourceKind
 from kvwatch.core.discover import discover
 from kvwatch.core.models import FailureMode
@@ -111,9 +111,13 @@ def test_queries_do_not_depend_on_steps(prom_url: str) -> None:
     # one instant query per histogram family for its top finite bucket (quantiles past it are bounds)
     n_buckets = len({bucket_query(src, "") for uses in queries.values() for _, _, src in uses
                      if src.kind is SourceKind.HIST_QUANTILE})
+    # the quantiles of one histogram family (TTFT p50 and p99), fetched alike, are one bucket query
+    families = quantile_families(queries, dict.fromkeys(queries, "range"), "", "2m")
+    merged = sum(len(qs) - 1 for qs in families.values())
+    assert merged >= 1
     assert [c[2] for c in counts] == [151, 16]
-    # two discovery queries + one per (signal, source) + the bucket bounds
-    assert counts[0][0] == counts[1][0] == counts[0][1] == 2 + len(queries) + n_buckets
+    # two discovery queries + one per (signal, source), less the merged quantiles, + the bucket bounds
+    assert counts[0][0] == counts[1][0] == counts[0][1] == 2 + len(queries) - merged + n_buckets
 
 
 def test_last_step_equals_once_and_cli_outputs(prom_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import math
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -24,6 +24,7 @@ from kvwatch.core.dialects import BY, DIALECT_BY_ID, Source, SourceKind, selecto
 from kvwatch.core.frame import FleetData, latency_hold_steps
 from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.promclient import QueryClient, Series
+from kvwatch.core.quantile import bucket_quantile, parse_le, quantile_rows
 from kvwatch.core.selector import Matcher
 from kvwatch.core.signals import SIGNAL_INFO, Signal
 from kvwatch.durations import parse_duration
@@ -114,20 +115,36 @@ def _points(vals: object) -> np.ndarray | None:
     return np.array(pts, dtype=float).reshape(-1, 2)
 
 
-def _to_grid(series: Series, grid: np.ndarray, step: float, transform: float | None = None) -> np.ndarray:
+def _to_grid(series: Series, grid: np.ndarray, step: float) -> np.ndarray:
     """Place a series' samples on ``grid`` (nearest slot); slots without a sample are NaN."""
-    out = np.full(len(grid), np.nan)
-    arr = _points(series.get("values")) if isinstance(series, dict) else None
-    if arr is None or not len(arr) or not len(grid) or not step > 0:
-        return out
-    if len(arr) == len(grid) and arr[0, 0] == grid[0] and arr[-1, 0] == grid[-1]:
-        return arr[:, 1].copy()  # the usual case: a complete series exactly on the grid
+    return _grid_rows([series], grid, step)[0][0]
+
+
+def _grid_rows(rows: list[Series], grid: np.ndarray, step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Every series' samples on ``grid`` at once: a (len(rows), len(grid)) matrix (nearest slot;
+    NaN without a sample) and which slots hold a sample (a sample may be NaN itself).
+
+    One numpy pass over all samples of an answer instead of one per series: placing them
+    was most of kvwatch's collection CPU at fleet scale.
+    """
+    n = len(grid)
+    out = np.full((len(rows), n), np.nan)
+    present = np.zeros((len(rows), n), dtype=bool)
+    if not rows or not n or not step > 0:
+        return out, present
+    arrs = [_points(r.get("values")) if isinstance(r, dict) else None for r in rows]
+    lens = [0 if a is None else len(a) for a in arrs]
+    if not sum(lens):
+        return out, present
+    pts = np.concatenate([a for a in arrs if a is not None and len(a)])
+    which = np.repeat(np.arange(len(rows)), lens)
     with np.errstate(invalid="ignore", over="ignore"):
-        pos = (arr[:, 0] - grid[0]) / step
-    ok = np.isfinite(pos) & (pos > -0.5) & (pos < len(grid) - 0.5)
+        pos = (pts[:, 0] - grid[0]) / step
+    ok = np.isfinite(pos) & (pos > -0.5) & (pos < n - 0.5)
     idx = np.rint(pos[ok]).astype(np.int64)
-    out[idx] = arr[ok, 1] if transform is None else transform
-    return out
+    out[which[ok], idx] = pts[ok, 1]
+    present[which[ok], idx] = True
+    return out, present
 
 
 _LATENCY_KINDS = (SourceKind.HIST_QUANTILE, SourceKind.HIST_MEAN)
@@ -191,9 +208,10 @@ def _hold_index(n: int, k0: int, hold: int) -> np.ndarray:
 
 
 def _hold_forward(vals: np.ndarray, src: np.ndarray) -> np.ndarray:
-    """Spread coarse samples over the slots after them (``src`` from :func:`_hold_index`)."""
-    out = vals[np.maximum(src, 0)]
-    out[src < 0] = np.nan  # before the first coarse sample nothing is known
+    """Spread coarse samples over the slots after them (``src`` from :func:`_hold_index`;
+    ``vals``: one row or a matrix of rows)."""
+    out = vals[..., np.maximum(src, 0)]
+    out[..., src < 0] = np.nan  # before the first coarse sample nothing is known
     return out
 
 
@@ -246,6 +264,99 @@ def first_coarse_slot(grid: np.ndarray, step_s: float, hold: int) -> int:
         return 0
     first = int(np.rint(grid[0] / step_s))
     return (-first) % hold
+
+
+Uses = list[tuple[Signal, set[TargetKey], Source]]
+
+
+def quantile_families(
+    queries: Mapping[str, Uses], modes: Mapping[str, str], user_matchers: str, rate_window: str,
+    latency_window: str | None = None, triton_model: str = "",
+) -> dict[str, list[str]]:
+    """Bucket-rate query → the ``histogram_quantile`` queries (two or more) it can answer.
+
+    Quantiles of one histogram family fetched the same way (same mode) read the same bucket
+    series: one ``sum by (job, instance, le)`` of their rates gives all of them
+    (:func:`family_quantiles`), and Prometheus selects and decodes the buckets once.
+    """
+    fams: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for q, uses in queries.items():
+        srcs = {src for _, _, src in uses}
+        if len(srcs) != 1:
+            continue
+        b = next(iter(srcs)).bucket_promql(user_matchers, rate_window, latency_window, triton_model)
+        if b is not None:
+            fams[(b, modes[q])].append(q)
+    out: dict[str, list[str]] = {}
+    for (b, _), qs in sorted(fams.items()):
+        if len(qs) >= 2 and b not in out:
+            out[b] = sorted(qs)
+    return out
+
+
+def family_quantiles(
+    rows: list[Series], grid: np.ndarray, step_s: float, instant: bool, qs: list[float]
+) -> tuple[dict[TargetKey, np.ndarray], set[TargetKey]]:
+    """Per target, ``histogram_quantile(q, ·)`` of every ``q`` in ``qs`` from bucket-rate rows
+    (one per job, instance, le) on ``grid``: a (len(qs), len(grid)) array, NaN where Prometheus
+    answers NaN or nothing. ``instant``: rows of an instant query (one value, held over the grid).
+
+    Also returns the targets whose buckets kvwatch cannot interpolate exactly as Prometheus
+    does (see :mod:`kvwatch.core.quantile`): the caller asks Prometheus for them.
+    """
+    n = len(grid)
+    per_key: dict[TargetKey, list[tuple[float, int]]] = defaultdict(list)
+    unsure: set[TargetKey] = set()
+    kept: list[Series] = []
+    les: dict[str, float | None] = {}
+    for row in rows:
+        m = row.get("metric") if isinstance(row, dict) else None
+        if not isinstance(m, dict):
+            continue
+        key = TargetKey(str(m.get("job", "")), str(m.get("instance", "")))
+        le = m.get("le", "")
+        if le not in les:
+            les[le] = parse_le(le) if isinstance(le, str) else None
+        bound = les[le]
+        if bound is None:
+            unsure.add(key)
+        elif not math.isnan(bound):  # Prometheus skips a bucket without a readable bound
+            per_key[key].append((bound, len(kept)))
+            kept.append(row)
+    if instant:
+        vals = np.array([_instant_to_grid(r, 1)[0] for r in kept]).reshape(-1, 1) * np.ones(n)
+        present = np.ones(vals.shape, dtype=bool)
+    else:
+        vals, present = _grid_rows(kept, grid, step_s)
+    out: dict[TargetKey, np.ndarray] = {}
+    groups: dict[tuple[float, ...], list[tuple[TargetKey, list[int]]]] = defaultdict(list)
+    for key, items in per_key.items():
+        if key in unsure:
+            continue
+        items.sort(key=lambda it: it[0])
+        bounds = tuple(b for b, _ in items)
+        if len(set(bounds)) == len(bounds):
+            groups[bounds].append((key, [r for _, r in items]))
+            continue
+        if max(Counter(bounds).values()) > 2:
+            unsure.add(key)  # the sum of three counts depends on Prometheus' series order
+            continue
+        # two spellings of one bound ("1", "1.0"): added per step, as Prometheus coalesces them
+        arr = np.full((len(qs), n), np.nan)
+        for t in range(n):
+            pairs = [(b, float(vals[r, t])) for b, r in items if present[r, t]]
+            if pairs:
+                arr[:, t] = [bucket_quantile(q, pairs) for q in qs]
+        out[key] = arr
+    for bounds, members in groups.items():
+        idx = np.array([r for _, r in members])  # (K, B) row numbers
+        # (K, B, n) -> (K * n, B): one histogram per target and step
+        counts = vals[idx].transpose(0, 2, 1).reshape(-1, len(bounds))
+        held = present[idx].transpose(0, 2, 1).reshape(-1, len(bounds))
+        res = quantile_rows(qs, np.array(bounds), counts, held).reshape(len(qs), len(members), n)
+        for i, (key, _) in enumerate(members):
+            out[key] = res[:, i, :]
+    return out, unsure
 
 
 def bucket_query(src: Source, user_matchers: str) -> str:
@@ -324,6 +435,7 @@ def collect(
     hold_static: bool = True,
     ceilings: Mapping[TargetKey, Mapping[Signal, float]] | None = None,
     layouts: Mapping[TargetKey, Mapping[Signal, tuple[float, ...]]] | None = None,
+    merge_quantiles: bool = True,
 ) -> FleetData:
     """Fetch every signal of every target over [at − window, at] on a ``step_s`` grid.
 
@@ -336,6 +448,8 @@ def collect(
     ``ceilings`` (default: measured now with :func:`bucket_layouts`) are the histogram
     bounds when the caller already knows them (the service refreshes them with discovery);
     ``layouts`` the whole bucket bounds with them (None with given ceilings: not known).
+    ``merge_quantiles`` fetches the quantiles of one histogram family as one bucket query
+    (:func:`quantile_families`); False sends each ``histogram_quantile`` to Prometheus.
     """
     end = at.timestamp()
     n = int(window_s // step_s)
@@ -349,8 +463,12 @@ def collect(
     modes = query_modes(queries, range_signals, latency_window, step_s)
     if not hold_static:
         modes = {q: "range" if m == "static" else m for q, m in modes.items()}
-    static = {q for q, m in modes.items() if m == "static"}
-    coarse = {q for q, m in modes.items() if m == "coarse"}
+    families = (quantile_families(queries, modes, user_matchers, rate_window, latency_window, triton_model)
+                if merge_quantiles else {})
+    replaced = {q for qs in families.values() for q in qs}
+    # what is sent: every planned query, with the quantiles of one family as one bucket query
+    mode_of = {**{q: m for q, m in modes.items() if q not in replaced},
+               **{b: modes[qs[0]] for b, qs in families.items()}}
     hold = _latency_hold(latency_window, step_s)
     k0 = first_coarse_slot(grid, step_s, hold)
     hold_src = _hold_index(len(grid), k0, hold)
@@ -363,8 +481,19 @@ def collect(
             return client.range(q, coarse_start, at, step_s * hold)
         return client.range(q, start, at, step_s)
 
+    def render(q: str, matchers: str) -> str:
+        """``q`` (planned or a family's bucket query) for other matchers."""
+        if q in families:
+            src = queries[families[q][0]][0][2]
+            return src.bucket_promql(matchers, rate_window, latency_window, triton_model) or ""
+        return queries[q][0][2].promql(matchers, rate_window, latency_window, triton_model)
+
+    def served(q: str) -> list[TargetKey]:
+        uses = [u for p in families.get(q, [q]) for u in queries[p]]
+        return sorted(set().union(*(k for _, k, _ in uses)), key=lambda k: (k.job, k.instance))
+
     def run(q: str) -> tuple[str, list[Series]]:
-        mode = "static" if q in static else "coarse" if q in coarse else "range"
+        mode = mode_of[q]
         try:
             return q, fetch(q, mode)
         except PrometheusBadResponse as exc:
@@ -372,17 +501,13 @@ def collect(
                 raise
         # Prometheus refused to load that many samples (--query.max-samples): ask again
         # for halves of the targets this query serves, down to single targets.
-        keys = sorted(set().union(*(k for _, k, _ in queries[q])), key=lambda k: (k.job, k.instance))
-        src = queries[q][0][2]
-
         def fetch_chunk(sub: list[TargetKey]) -> list[Series]:
-            matchers = join_matchers(user_matchers, instances_matcher(sub))
-            return fetch(src.promql(matchers, rate_window, latency_window, triton_model), mode)
+            return fetch(render(q, join_matchers(user_matchers, instances_matcher(sub))), mode)
 
-        return q, [row for chunk in _split(keys, fetch_chunk) for row in chunk]
+        return q, [row for chunk in _split(served(q), fetch_chunk) for row in chunk]
 
     with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
-        answers = list(pool.map(run, sorted(queries)))
+        answers = list(pool.map(run, sorted(mode_of)))
     if ceilings is None:
         layouts = bucket_layouts(client, targets, user_matchers, at)
         ceilings = ceilings_of(layouts)
@@ -392,21 +517,25 @@ def collect(
     # vllm:cache_config_info: one pool per data-parallel engine; a config change within
     # the window gives an engine several rows (keep its largest), engines are summed.
     pools: dict[tuple[TargetKey, Signal], dict[str, np.ndarray]] = defaultdict(dict)
-    for q, rows in answers:
+
+    def place(q: str, rows: list[Series]) -> None:
         uses = queries[q]
+        mode = modes[q]
+        mine: list[tuple[Series, dict[str, str], TargetKey]] = []
         for row in rows:
             m = row.get("metric") if isinstance(row, dict) else None
             if not isinstance(m, dict):
                 continue
             key = TargetKey(str(m.get("job", "")), str(m.get("instance", "")))
-            if not any(key in keys for _, keys, _ in uses):
-                continue
-            if q in static:
-                vals = _instant_to_grid(row, len(grid))
-            else:
-                vals = _to_grid(row, grid, step_s)
-                if q in coarse:
-                    vals = _hold_forward(vals, hold_src)
+            if any(key in keys for _, keys, _ in uses):
+                mine.append((row, m, key))
+        if mode == "static":
+            grids = np.array([_instant_to_grid(r, 1)[0] for r, _, _ in mine]).reshape(-1, 1) * np.ones(len(grid))
+        else:
+            grids = _grid_rows([r for r, _, _ in mine], grid, step_s)[0]
+            if mode == "coarse":
+                grids = _hold_forward(grids, hold_src)
+        for (_, m, key), vals in zip(mine, grids, strict=True):
             for sig, keys, src in uses:
                 if key not in keys:
                     continue
@@ -421,6 +550,28 @@ def collect(
                     engines[engine] = info if prev is None else np.fmax(prev, info)
                 else:
                     data.put(key, sig, vals)
+
+    def place_family(b: str, rows: list[Series]) -> None:
+        fam = families[b]
+        srcs = [queries[q][0][2] for q in fam]
+        mode = mode_of[b]
+        values, unsure = family_quantiles(rows, grid, step_s, mode == "static", [s.quantile for s in srcs])
+        for j, (q, src) in enumerate(zip(fam, srcs, strict=True)):
+            for sig, keys, _ in queries[q]:
+                for key in keys & values.keys():
+                    # Prometheus scales the quantile after histogram_quantile (``(…) * scale``)
+                    vals = values[key][j] * src.scale if src.scale != 1.0 else values[key][j].copy()
+                    data.put(key, sig, _hold_forward(vals, hold_src) if mode == "coarse" else vals)
+        if unsure:  # buckets kvwatch cannot interpolate exactly: Prometheus' own answer for those
+            matchers = join_matchers(user_matchers, instances_matcher(sorted(unsure, key=lambda k: (k.job, k.instance))))
+            for q in fam:
+                place(q, fetch(queries[q][0][2].promql(matchers, rate_window, latency_window, triton_model), mode))
+
+    for q, rows in answers:
+        if q in families:
+            place_family(q, rows)
+        else:
+            place(q, rows)
     for (key, sig), engines in pools.items():
         stack = np.vstack(list(engines.values()))
         total = np.where(np.isnan(stack), 0.0, stack).sum(axis=0)

@@ -155,8 +155,7 @@ class Source:
         elif k is SourceKind.COUNTER:
             q = self._aggregate(r.llm(f"rate({self._sel('', r)}[{rate_window}])", scoped))
         elif k is SourceKind.HIST_QUANTILE:
-            inner = r.llm(f"rate({self._sel('_bucket', r)}[{rate_window}])", scoped)
-            q = f"histogram_quantile({self.quantile}, sum by ({BY}, le) ({inner}))"
+            q = f"histogram_quantile({self.quantile}, {self._bucket_rates(r, rate_window)})"
         elif k is SourceKind.HIST_MEAN:
             # numerator and denominator over the same series (same model, same filter)
             num, den = (r.llm(f"rate({self._sel(sfx, r)}[{rate_window}])", scoped) for sfx in ("_sum", "_count"))
@@ -173,6 +172,20 @@ class Source:
         if self.lazy_anchor:
             q = f"({q}) or (0 * group by ({BY}) ({selector(self.lazy_anchor, '', user_matchers)}))"
         return q
+
+    def _bucket_rates(self, r: Render, rate_window: str) -> str:
+        inner = r.llm(f"rate({self._sel('_bucket', r)}[{rate_window}])", self.triton_core)
+        return f"sum by ({BY}, le) ({inner})"
+
+    def bucket_promql(
+        self, user_matchers: str, rate_window: str, latency_window: str | None = None, triton_model: str = ""
+    ) -> str | None:
+        """The per-target bucket rates a ``HIST_QUANTILE`` source takes its quantile of
+        (the argument of its ``histogram_quantile``, unscaled); None for other sources and for
+        a lazily anchored one (its ``or`` is not a bucket vector)."""
+        if self.kind is not SourceKind.HIST_QUANTILE or self.lazy_anchor:
+            return None
+        return self._bucket_rates(Render(user_matchers, latency_window or rate_window, triton_model), latency_window or rate_window)
 
 
 @dataclass(frozen=True)
