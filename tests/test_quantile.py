@@ -147,3 +147,50 @@ def test_family_quantiles_leaves_what_it_cannot_reproduce_to_prometheus() -> Non
     assert out[TargetKey("j", "a")][0].tolist() == [0.1, 0.1]
     want = bucket_quantile(0.5, [(1.0, 2.0), (math.inf, 4.0)])
     assert out[TargetKey("j", "d")][0].tolist() == [want, want] == [1.0, 1.0]
+
+
+class _Fake:
+    """Answers the TTFT bucket query of two vLLM targets (``b`` with a bound Go reads as NaN)
+    and Prometheus' own quantiles for ``b``; nothing for the other signals."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def _rows(self, query: str, points: list[float]) -> list[dict[str, object]]:
+        if query.startswith("sum by (job, instance, le) (rate(vllm:time_to_first_token_seconds_bucket"):
+            buckets = {"a": (("0.1", 2.0), ("1", 4.0), ("+Inf", 4.0)), "b": (("NaN", 1.0), ("+Inf", 4.0))}
+            return [{"metric": {"job": "j", "instance": i, "le": le}, "values": [[t, repr(c)] for t in points]}
+                    for i, bs in buckets.items() for le, c in bs]
+        if query.startswith("histogram_quantile(") and 'instance=~"b"' in query and "time_to_first" in query:
+            return [{"metric": {"job": "j", "instance": "b"}, "values": [[t, "7.5"] for t in points]}]
+        return []
+
+    def instant(self, query: str, at: datetime) -> list[dict[str, object]]:
+        self.sent.append(query)
+        return [{"metric": r["metric"], "value": r["values"][-1]} for r in self._rows(query, [at.timestamp()])]
+
+    def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[dict[str, object]]:
+        self.sent.append(query)
+        n = round((end - start).total_seconds() / step_s)
+        return self._rows(query, [start.timestamp() + i * step_s for i in range(n + 1)])
+
+
+def test_collect_asks_prometheus_for_buckets_it_cannot_interpolate() -> None:
+    from kvwatch.core.collect import collect
+    from kvwatch.core.dialects import DIALECT_BY_ID
+    from kvwatch.core.models import Target
+    from kvwatch.core.signals import Signal
+
+    names = frozenset(n for srcs in DIALECT_BY_ID["vllm-v1"].sources.values() for s in srcs for n in s.requires)
+    targets = [Target(TargetKey("j", i), "vllm-v1", "vllm", names=names) for i in ("a", "b")]
+    fake = _Fake()
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    data = collect(fake, targets, at=at, window_s=300.0, step_s=30.0, rate_window="2m", latency_window="10m",
+                   user_matchers="", ceilings={}, layouts={})
+    a, b = TargetKey("j", "a"), TargetKey("j", "b")
+    # a: rank 2 (p50 of 4) is the top of the first bucket; rank 3.96 lies in (0.1, 1]
+    assert data.values(a, Signal.TTFT_P50)[-1] == 0.1
+    assert data.values(a, Signal.TTFT_P99)[-1] == 0.1 + (1.0 - 0.1) * ((0.99 * 4.0 - 2.0) / (4.0 - 2.0))
+    assert data.values(b, Signal.TTFT_P50)[-1] == data.values(b, Signal.TTFT_P99)[-1] == 7.5
+    asked = [q for q in fake.sent if q.startswith("histogram_quantile(") and "time_to_first" in q]
+    assert len(asked) == 2 and all('instance=~"b"' in q for q in asked), asked  # only b, p50 and p99
