@@ -33,6 +33,7 @@ steps in. The result equals a full fetch at the same instant
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -89,24 +90,35 @@ def splice(old: FleetData, new: FleetData, grid: np.ndarray, modes: Modes, hold_
     out = FleetData(grid=grid, targets=dict(new.targets), sourced=dict(new.sourced), ceilings=dict(new.ceilings),
                     buckets=dict(new.buckets),
                     rate_window_s=new.rate_window_s, scrape_interval_s=new.scrape_interval_s)
+    # one matrix per (signal, mode): a few numpy calls instead of several per row
+    groups: dict[tuple[Signal, str], list[tuple[TargetKey, np.ndarray | None, np.ndarray | None]]] = defaultdict(list)
     for key in new.targets:
-        sigs = set(old.series.get(key, {})) | set(new.series.get(key, {}))
+        olds, news = old.series.get(key, {}), new.series.get(key, {})
+        sigs = olds.keys() | news.keys()
+        if sigs:
+            out.series[key] = {}  # targets keep the order of a full fetch
         for sig in sigs:
-            mode = modes.get((key, sig), "range")
-            fresh = new.values(key, sig)
-            if mode == "static":  # one value held over the grid: the newest read is the whole row
-                if fresh is not None:
-                    out.put(key, sig, np.full(n1, fresh[-1]))
-                continue
-            prev = old.values(key, sig)
-            row = np.full(n1, np.nan)
-            if prev is not None and m0 > 0:
-                row[:m0] = prev[k : k + m0]
-            if fresh is not None:
-                row[m0:] = fresh
-            if mode == "coarse":
-                row[hold_src < 0] = np.nan  # before the window's first sample slot nothing is held
-            out.put(key, sig, row)
+            groups[(sig, modes.get((key, sig), "range"))].append((key, olds.get(sig), news.get(sig)))
+    for (sig, mode), rows in groups.items():
+        if mode == "static":  # one value held over the grid: the newest read is the whole row
+            have = [(key, fresh) for key, _, fresh in rows if fresh is not None]
+            held = np.repeat(np.array([fresh[-1] for _, fresh in have]).reshape(-1, 1), n1, axis=1)
+            for (key, _), row in zip(have, held, strict=True):
+                out.series[key][sig] = row
+            continue
+        mat = np.full((len(rows), n1), np.nan)
+        kept = [i for i, (_, prev, _) in enumerate(rows) if prev is not None]
+        if kept and m0 > 0:
+            mat[kept, :m0] = np.stack([rows[i][1] for i in kept])[:, k : k + m0]  # type: ignore[misc]
+        fetched = [i for i, (_, _, fresh) in enumerate(rows) if fresh is not None]
+        if fetched:
+            mat[fetched, m0:] = np.stack([rows[i][2] for i in fetched])  # type: ignore[misc]
+        if mode == "coarse":
+            mat[:, hold_src < 0] = np.nan  # before the window's first sample slot nothing is held
+        for (key, _, _), row in zip(rows, mat, strict=True):
+            out.series[key][sig] = row
+    for key in [key for key, sigs in out.series.items() if not sigs]:
+        del out.series[key]  # only static rows, none read now: absent, as in a full fetch
     return out
 
 
