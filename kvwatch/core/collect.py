@@ -305,21 +305,22 @@ def family_quantiles(
     does (see :mod:`kvwatch.core.quantile`): the caller asks Prometheus for them.
     """
     n = len(grid)
-    per_key: dict[TargetKey, list[tuple[float, int]]] = defaultdict(list)
-    unsure: set[TargetKey] = set()
+    # grouped by (job, instance) pairs: TargetKey's dataclass hash would be called per row
+    per_key: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
+    unsure_pairs: set[tuple[str, str]] = set()
     kept: list[Series] = []
     les: dict[str, float | None] = {}
     for row in rows:
         m = row.get("metric") if isinstance(row, dict) else None
         if not isinstance(m, dict):
             continue
-        key = TargetKey(str(m.get("job", "")), str(m.get("instance", "")))
+        key = (str(m.get("job", "")), str(m.get("instance", "")))
         le = m.get("le", "")
         if le not in les:
             les[le] = parse_le(le) if isinstance(le, str) else None
         bound = les[le]
         if bound is None:
-            unsure.add(key)
+            unsure_pairs.add(key)
         elif not math.isnan(bound):  # Prometheus skips a bucket without a readable bound
             per_key[key].append((bound, len(kept)))
             kept.append(row)
@@ -329,10 +330,12 @@ def family_quantiles(
     else:
         vals, present = _grid_rows(kept, grid, step_s)
     out: dict[TargetKey, np.ndarray] = {}
+    unsure = {TargetKey(*pair) for pair in unsure_pairs}
     groups: dict[tuple[float, ...], list[tuple[TargetKey, list[int]]]] = defaultdict(list)
-    for key, items in per_key.items():
-        if key in unsure:
+    for pair, items in per_key.items():
+        if pair in unsure_pairs:
             continue
+        key = TargetKey(*pair)
         items.sort(key=lambda it: it[0])
         bounds = tuple(b for b, _ in items)
         if len(set(bounds)) == len(bounds):
@@ -517,24 +520,32 @@ def collect(
     # vllm:cache_config_info: one pool per data-parallel engine; a config change within
     # the window gives an engine several rows (keep its largest), engines are summed.
     pools: dict[tuple[TargetKey, Signal], dict[str, np.ndarray]] = defaultdict(dict)
+    key_of = {(t.key.job, t.key.instance): t.key for t in targets}
 
     def place(q: str, rows: list[Series]) -> None:
         uses = queries[q]
         mode = modes[q]
+        # (job, instance) pairs hash and compare in C; TargetKey's dataclass methods are Python
+        wanted = {(k.job, k.instance) for _, keys, _ in uses for k in keys}
         mine: list[tuple[Series, dict[str, str], TargetKey]] = []
         for row in rows:
             m = row.get("metric") if isinstance(row, dict) else None
             if not isinstance(m, dict):
                 continue
-            key = TargetKey(str(m.get("job", "")), str(m.get("instance", "")))
-            if any(key in keys for _, keys, _ in uses):
-                mine.append((row, m, key))
+            pair = (str(m.get("job", "")), str(m.get("instance", "")))
+            if pair in wanted:
+                mine.append((row, m, key_of[pair]))
         if mode == "static":
             grids = np.array([_instant_to_grid(r, 1)[0] for r, _, _ in mine]).reshape(-1, 1) * np.ones(len(grid))
         else:
             grids = _grid_rows([r for r, _, _ in mine], grid, step_s)[0]
             if mode == "coarse":
                 grids = _hold_forward(grids, hold_src)
+        if len(uses) == 1 and uses[0][2].kind is not SourceKind.VLLM_CACHE_INFO:
+            sig = uses[0][0]  # the usual case: one signal, every row is its row
+            for (_, _, key), vals in zip(mine, grids, strict=True):
+                data.put(key, sig, vals)
+            return
         for (_, m, key), vals in zip(mine, grids, strict=True):
             for sig, keys, src in uses:
                 if key not in keys:
