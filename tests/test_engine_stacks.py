@@ -191,3 +191,11 @@ def test_llm_d_inference_sim_pods_are_excluded_by_the_documented_selector(env: E
     assert {t.key.instance for t in scoped} == set(EXPECTED) - {"llm-d-inference-sim"}
     doc = (Path(__file__).parents[1] / "docs" / "engines.md").read_text()
     assert selector in doc
+
+
+def test_tgi_request_rate_counts_finished_requests_not_arrivals(env: Env) -> None:
+    """TGI's router increments ``tgi_request_count`` when a request arrives and
+    ``tgi_request_success`` when it completes: progress (and Little's law) needs the
+    second, or a wedged TGI that keeps receiving requests looks like it serves them."""
+    per_s = 5100 * 0.01 / 15  # the fixture's tgi_request_success grows 1 % per 15 s scrape
+    assert _now(env, "tgi", Signal.REQUEST_RATE) == pytest.approx(per_s, rel=1e-6)

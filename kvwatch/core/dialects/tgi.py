@@ -34,8 +34,14 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
             Signal.GEN_TPS: Source(C, "tgi_request_generated_tokens_sum", agg="sum",
                                    note="from the per-request histogram: counted at request end"),
             Signal.PROMPT_TPS: Source(C, "tgi_request_input_length_sum", agg="sum"),
-            Signal.REQUEST_RATE: tuple(Source(C, f"tgi_request_count{c}", agg="sum", note="requests received")
-                                       for c in ("", "_total")),
+            # tgi_request_count is incremented when a request arrives, tgi_request_success when it
+            # completes (router/src/server.rs): finished requests are the second, created at the
+            # first success, so a router that received requests and finished none reads 0, not blind
+            Signal.REQUEST_RATE: tuple(
+                Source(C, f"tgi_request_success{c}", agg="sum", lazy_anchor=f"tgi_request_count{c}",
+                       note="requests completed successfully")
+                for c in ("", "_total")
+            ),
             # created at the first failure; the request counter's spelling says which name it will have
             Signal.ABORT_RATE: tuple(
                 Source(C, f"tgi_request_failure{c}", agg="sum", lazy_anchor=f"tgi_request_count{c}",
