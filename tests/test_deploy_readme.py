@@ -163,6 +163,16 @@ def test_readme_mentions_every_failure_mode_and_exit_code() -> None:
         assert code in text
 
 
+
+def test_readme_rule_format_names_every_signal_a_rule_may_use() -> None:
+    """The rule-format section lists the signal names `kvwatch check` accepts: a derived
+    signal added for a rule but left out of it is one users cannot find."""
+    from kvwatch.core.rules import SIGNAL_NAMES
+
+    section = README.read_text().split("Signals\nare ", 1)[1].split("Little's-law", 1)[0]
+    listed = set(re.findall(r"[a-z][a-z0-9_]+", section))
+    assert sorted(SIGNAL_NAMES - listed) == []
+
 if __name__ == "__main__":
     if "--write" in sys.argv:
         text = README.read_text()
