@@ -741,3 +741,18 @@ def test_a_wedged_engine_without_token_counters_is_stalled_not_undecided() -> No
     del sigs[Signal.GEN_TPS]
     r = diagnose_one(sigs)
     assert r.state is FailureMode.IDLE and r.primary.cause == "stalled", r.primary
+
+
+def test_an_engine_wedged_after_oscillating_is_stalled_now() -> None:
+    """A pool that filled and drained with a queue at every peak, then wedged: for the last
+    8 minutes requests wait, no token is produced and nothing completes. The swings are still in
+    the window, but nothing fills or drains any more: what is wrong now is the wedge (restart),
+    not the traffic shape (the labeller's mechanism for rnd-52-053: scheduler wedged)."""
+    usage = sine(0.1, 0.98, 300)
+    waiting = np.where(usage > 0.85, 12.0, 0.0)
+    running, gen, rate = 40 + 30 * usage, const(2000), const(4)
+    k = N - 16  # 8 minutes at the 30 s step
+    usage[k:], running[k:], gen[k:], rate[k:] = usage[k], running[k], 0.0, 0.0
+    waiting[k:] = np.linspace(15, 60, N - k)
+    r = run({"t": base(kv_usage=usage, waiting=waiting, running=running, gen_tps=gen, request_rate=rate)})["t"]
+    assert r.state is FailureMode.IDLE and r.primary.cause == "stalled", [(d.mode, d.rule_id) for d in r.diagnoses]
