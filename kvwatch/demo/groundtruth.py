@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvwatch.core.quantile import quantile_rows
+
 
 def _lag(n: int, grid: np.ndarray, window_s: float) -> np.ndarray:
     """Index of the sample ``window_s`` before each grid point (-1 where none)."""
@@ -41,29 +43,21 @@ def histogram_quantile(q: float, bounds: Sequence[float], cumulative: np.ndarray
     """``histogram_quantile(q, rate(x_bucket[w]))`` for every grid point.
 
     ``cumulative``: (T, len(bounds) + 1) cumulative bucket counts, the last column +Inf.
-    NaN where no observation fell in the window (Prometheus returns NaN too).
+    The interpolation is :func:`kvwatch.core.quantile.quantile_rows`, the one kvwatch
+    applies to Prometheus' bucket answers (a rate scales every bucket alike, so the bucket
+    increases give the same quantile). NaN before one window and where no observation fell
+    in it (Prometheus returns NaN too).
     """
     cum = np.asarray(cumulative, dtype=float)
     lag = _lag(len(cum), grid, window_s)
     out = np.full(len(cum), np.nan)
-    b = np.asarray(bounds, dtype=float)
-    for i in np.nonzero(lag >= 0)[0]:
-        d = cum[i] - cum[lag[i]]
-        total = d[-1]
-        if not total > 0:
-            continue
-        rank = q * total
-        k = int(np.searchsorted(d, rank, side="left"))
-        if k >= len(b):  # in the +Inf bucket: the highest finite bound
-            out[i] = b[-1]
-            continue
-        lo_b = 0.0 if k == 0 else b[k - 1]
-        lo_c = 0.0 if k == 0 else d[k - 1]
-        if k == 0 and b[0] <= 0:
-            out[i] = b[0]
-            continue
-        width = d[k] - lo_c
-        out[i] = lo_b + (b[k] - lo_b) * ((rank - lo_c) / width if width > 0 else 1.0)
+    rows = np.nonzero(lag >= 0)[0]
+    d = cum[rows] - cum[lag[rows]]
+    ok = d[:, -1] > 0 if len(rows) else np.zeros(0, dtype=bool)
+    rows, d = rows[ok], d[ok]
+    if len(rows):
+        edges = np.append(np.asarray(bounds, dtype=float), np.inf)
+        out[rows] = quantile_rows([q], edges, d, np.ones(d.shape, dtype=bool))[0]
     return out
 
 

@@ -49,6 +49,12 @@ class FleetStats:
             i0 = self._starts[span_s] = int(np.searchsorted(self.data.grid, self.at - span_s - 1e-6, side="right"))
         return i0
 
+    def _while_queued(self, a: np.ndarray | None) -> np.ndarray | None:
+        """``a`` at the samples where requests waited (waiting ≥ 0.5), NaN elsewhere; ``a``
+        unchanged where the target exports no queue gauge (every sample counts)."""
+        w = self.matrix("waiting")
+        return a if a is None or w is None else np.where(w < 0.5, np.nan, a)
+
     def matrix(self, name: str) -> np.ndarray | None:
         """targets × grid values of a canonical or derived signal (NaN rows for targets without it)."""
         if name in self._mats:
@@ -69,8 +75,7 @@ class FleetStats:
             # running where requests wait: a max_num_seqs ceiling holds running at the cap whenever
             # somebody waits, so running above today's ceiling earlier *with a queue* says the
             # ceiling is not a cap (a trough with nobody waiting says nothing; no queue gauge: all)
-            a, w = self.matrix("running"), self.matrix("waiting")
-            m = a if a is None or w is None else np.where(w < 0.5, np.nan, a)
+            m = self._while_queued(self.matrix("running"))
         elif name == "queue_wait":
             # Little's law: a queue of L requests served at λ requests/s holds each for L/λ s on
             # average, and took at least about that long to build. A queue caught by one sample
@@ -89,8 +94,7 @@ class FleetStats:
             # the cap binds when running sits at it *whenever requests wait*: below the cap with
             # nobody waiting (the trough of a periodic load) is nothing to admit, not a free slot
             # (no queue gauge, or a gap in it: every sample counts, as running_vs_cap)
-            a, w = self.matrix("running_vs_cap"), self.matrix("waiting")
-            m = a if a is None or w is None else np.where(w < 0.5, np.nan, a)
+            m = self._while_queued(self.matrix("running_vs_cap"))
         elif name == "running_vs_queued_max":
             # the limit that made requests wait bounded running while they waited; running far
             # above every earlier queued level means that limit is gone (a cap raised, a restart),
