@@ -798,3 +798,27 @@ def test_two_preemption_bursts_on_a_noisy_busy_pool_are_not_a_cycle() -> None:
     usage[[1, N - 11]] = 0.999
     r = diagnose_one(base(kv_usage=usage, running=150 + 70 * (usage - 0.6), preemptions=preempt))
     assert r.state is FailureMode.HEALTHY, r.primary
+
+
+def test_an_exported_cap_that_holds_running_in_most_queued_samples_binds() -> None:
+    """Issue 11 (rnd-12-046, Dynamo frontend, max_num_seqs=4 exported, 800 waiting, KV 6 %):
+    running sits at the cap in 16 of 21 samples and dips to 3 or 2 in the others, because the
+    frontend counts requests still in prefill as queued (running = in flight − queued; a vLLM V1
+    scrape after the step's finished requests left dips the same way). "At the cap at every
+    queued sample" failed, fragmented saw running at its cap now, and the target read `unknown`
+    with a persistent queue."""
+    dips = np.zeros(N, dtype=bool)
+    dips[np.arange(2, N, 4)] = True  # a quarter of the samples, one at a time
+    running = np.where(dips, np.where(np.arange(N) % 16 == 2, 2.0, 3.0), 4.0)
+    sigs = base(kv_usage=0.06 + 0.01 * np.sin(GRID / 40), running=running, waiting=np.linspace(780, 830, N),
+                max_running=const(4), request_rate=const(0.9), gen_tps=const(72))
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.IDLE and r.primary.cause == "batch_limited", r.primary
+
+
+def test_running_below_an_exported_cap_in_most_queued_samples_is_not_batch_limited() -> None:
+    """The converse: a policy stall keeps running below the exported cap (32) while requests
+    wait, touching it in a fifth of the samples: the cap does not bind."""
+    running = np.where(np.arange(N) % 5 == 0, 32.0, 24 + np.random.default_rng(6).integers(0, 5, N).astype(float))
+    r = diagnose_one(base(kv_usage=const(0.3), running=running, waiting=const(40), max_running=const(32)))
+    assert not (r.state is FailureMode.IDLE and r.primary.cause == "batch_limited"), r.primary
