@@ -204,3 +204,35 @@ def test_secrets_never_appear_in_a_failing_run(
     _assert_no_secret("Alertmanager payloads", json.dumps(alerts))
     _assert_no_secret("state file", (tmp_path / "state.db").read_bytes().decode("utf-8", "replace"))
     assert all(a["generatorURL"].startswith(live.prom) for a in alerts)
+
+
+def test_triage_fetch_restricted_to_hostile_instances_reads_exactly_theirs(live: Live) -> None:
+    """The triage-only signals of a few flagged targets are read with ``instance=~"…"`` over
+    their (hostile) instances: quotes, backslashes, newlines, regex metacharacters and ANSI
+    escapes select exactly those targets, with the values an unrestricted read gives them."""
+    import numpy as np
+
+    from kvwatch.config import load_settings
+    from kvwatch.core.pipeline import Probes, collect_targets, find_targets
+    from kvwatch.core.promclient import PromClient
+    from kvwatch.core.rules import load_ruleset
+
+    at = datetime.fromisoformat(live.at.replace("Z", "+00:00"))
+    client = PromClient(live.prom, timeout_s=30)
+    settings = load_settings(None, environ={}, overrides={"prometheus": {"url": live.prom}})
+    rules = load_ruleset()
+    triage = rules.triage_signals()
+    targets = find_targets(client, settings, at)
+    probes = Probes(None, {}, {})
+    every = collect_targets(client, settings, rules, targets, at, probes=probes, signals=triage)
+    hostile = {(j, i) for j, i, _ in HOSTILE[:2]}
+    for subset in ([t for t in targets if (t.key.job, t.key.instance) in hostile], targets[:1], targets[-1:]):
+        got = collect_targets(client, settings, rules, subset, at, only_these=True, probes=probes, signals=triage)
+        assert set(got.series) == {t.key for t in subset}
+        held = 0
+        for t in subset:
+            assert set(got.series[t.key]) == set(every.series[t.key]) <= triage
+            for sig, vals in every.series[t.key].items():
+                assert np.array_equal(got.series[t.key][sig], vals, equal_nan=True)
+                held += bool(np.isfinite(vals).any())
+        assert held, "the hostile targets' ITL/TPOT p99 hold data"

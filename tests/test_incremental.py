@@ -138,7 +138,8 @@ def _past_instant(live: str, back_steps: int) -> datetime:
 def _full(live: str, settings: Settings, rules: RuleSet, at: datetime) -> tuple[Evaluation, FleetData]:
     ref = PromClient(live, timeout_s=30)
     full = evaluate(ref, settings, rules, at)
-    return full, collect_targets(ref, settings, rules, find_targets(ref, settings, at), at)
+    return full, collect_targets(ref, settings, rules, find_targets(ref, settings, at), at,
+                                 signals=rules.decision_signals())
 
 
 def test_incremental_equals_full_fetch_on_a_live_simulator(live: str) -> None:
@@ -170,7 +171,7 @@ def test_incremental_equals_full_fetch_on_a_live_simulator(live: str) -> None:
         ref_client = PromClient(live, timeout_s=30)
         full = evaluate(ref_client, settings, rules, at)
         targets = find_targets(ref_client, settings, at)
-        full_data = collect_targets(ref_client, settings, rules, targets, at)
+        full_data = collect_targets(ref_client, settings, rules, targets, at, signals=rules.decision_signals())
         assert inc.data is not None
         problems += [f"cycle {cycle} ({inc.last_mode}): {p}" for p in _compare(got, full, inc.data, full_data)]
         modes.append((inc.last_mode, inc.last_steps, inc.last_discovered))
@@ -248,3 +249,53 @@ def test_quantiles_of_one_bucket_query_equal_histogram_quantile(live: str) -> No
         assert [json.dumps(r.to_json(), sort_keys=True) for r in mine] == [
             json.dumps(r.to_json(), sort_keys=True) for r in theirs]
     assert merged_any, "p50 and p99 of a family were fetched as one bucket query"
+
+
+def test_two_pass_cycle_equals_one_pass_over_every_signal(live: str) -> None:
+    """``evaluate`` collects the decision signals, then the triage-only ones (ITL/TPOT p99) for
+    the targets with a matched rule only: its results are exactly one diagnosis of a fetch of
+    every signal, and the triage fetch sends one query per (signal, source) for those targets
+    together (restricted to their instances), never one per target."""
+    from kvwatch.core.diagnose import Params, diagnose
+    from kvwatch.core.models import Verdict
+    from kvwatch.core.scrape import rate_window
+
+    settings, rules = _settings(live), load_ruleset()
+    at = _past_instant(live, 24)
+    client = PromClient(live, timeout_s=30)
+    sent: list[str] = []
+    instant, ranged = client.instant, client.range
+
+    def rec_instant(q: str, when: datetime) -> list:
+        sent.append(q)
+        return instant(q, when)
+
+    def rec_range(q: str, start: datetime, end: datetime, step: float) -> list:
+        sent.append(q)
+        return ranged(q, start, end, step)
+
+    client.instant, client.range = rec_instant, rec_range  # type: ignore[method-assign]
+    got = evaluate(client, settings, rules, at)
+    ref = PromClient(live, timeout_s=30)
+    targets = find_targets(ref, settings, at)
+    data = collect_targets(ref, settings, rules, targets, at)  # every signal, one pass
+    ev = settings.evaluation
+    params = Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo,
+                    latency_window_s=rate_window(ev.latency_window, data.scrape_interval_s))
+    one = diagnose(targets, data, rules, params)
+    assert [json.dumps(r.to_json(), sort_keys=True) for r in got.results] == [
+        json.dumps(r.to_json(), sort_keys=True) for r in one]
+    triage = rules.triage_signals()
+    flagged = [r.target for r in one if any(c.verdict is Verdict.MATCHED for c in r.checks)
+               and triage & data.sourced.get(r.target.key, set())]
+    assert flagged, "the simulated fleet has flagged targets that export ITL or TPOT"
+    from kvwatch.core.collect import resolve
+    metrics = {src.metric for t in targets for sig, src in resolve(t).items() if sig in triage}
+    fetched = [q for q in sent if any(m in q for m in metrics) and not q.startswith("group by")]
+    pairs = {(sig, src) for t in flagged for sig, src in resolve(t).items() if sig in triage}
+    assert 0 < len(fetched) <= len(pairs), (fetched, pairs)
+    if len(flagged) <= len(targets) / 2:  # few: only their instances' series are selected
+        assert all("instance=~" in q for q in fetched), fetched
+    got_flagged = [r for r in got.results if r.target in flagged]
+    assert any(not any(m.startswith(("itl_p99 (no", "tpot_p99 (no")) for m in r.missing_signals)
+               for r in got_flagged), "some flagged target's triage signals hold data"

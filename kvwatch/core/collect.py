@@ -14,7 +14,7 @@ import functools
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
@@ -56,17 +56,20 @@ def plan(
     rate_window: str,
     latency_window: str | None = None,
     triton_model: str = "",
+    signals: Set[Signal] | None = None,
 ) -> dict[str, list[tuple[Signal, set[TargetKey], Source]]]:
     """PromQL → the (signal, targets, source) it serves. Identical queries are sent once.
 
     ``latency_window`` (default: ``rate_window``) is the window of histogram quantiles
     and means: a tail needs more requests than a 2-minute rate holds to be stable.
     ``triton_model``: regex of the Triton LLM model (empty: the models exporting ``nv_trt_llm_*``).
+    ``signals`` (default: all): plan only these.
     """
     uses: dict[tuple[Signal, Source], set[TargetKey]] = defaultdict(set)
     for t in targets:
         for sig, src in resolve(t).items():
-            uses[(sig, src)].add(t.key)
+            if signals is None or sig in signals:
+                uses[(sig, src)].add(t.key)
     queries: dict[str, list[tuple[Signal, set[TargetKey], Source]]] = defaultdict(list)
     for (sig, src), keys in uses.items():
         queries[src.promql(user_matchers, rate_window, latency_window, triton_model)].append((sig, keys, src))
@@ -439,6 +442,7 @@ def collect(
     ceilings: Mapping[TargetKey, Mapping[Signal, float]] | None = None,
     layouts: Mapping[TargetKey, Mapping[Signal, tuple[float, ...]]] | None = None,
     merge_quantiles: bool = True,
+    signals: Set[Signal] | None = None,
 ) -> FleetData:
     """Fetch every signal of every target over [at − window, at] on a ``step_s`` grid.
 
@@ -453,6 +457,8 @@ def collect(
     ``layouts`` the whole bucket bounds with them (None with given ceilings: not known).
     ``merge_quantiles`` fetches the quantiles of one histogram family as one bucket query
     (:func:`quantile_families`); False sends each ``histogram_quantile`` to Prometheus.
+    ``signals`` (default: all) fetches only these; ``sourced``, ceilings and layouts still
+    cover every signal (a two-pass cycle fetches the triage-only ones later, for a few targets).
     """
     end = at.timestamp()
     n = int(window_s // step_s)
@@ -461,7 +467,7 @@ def collect(
     data = FleetData(grid=grid, targets={t.key: t for t in targets})
     for t in targets:
         data.sourced[t.key] = set(resolve(t))
-    queries = plan(targets, user_matchers, rate_window, latency_window, triton_model)
+    queries = plan(targets, user_matchers, rate_window, latency_window, triton_model, signals)
 
     modes = query_modes(queries, range_signals, latency_window, step_s)
     if not hold_static:

@@ -7,7 +7,7 @@ diagnosis on the parts it fetches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -83,12 +83,15 @@ def measure_probes(client: QueryClient, settings: Settings, targets: list[Target
 def collect_targets(
     client: QueryClient, settings: Settings, rules: RuleSet, targets: list[Target], at: datetime,
     window_s: float | None = None, only_these: bool = False, probes: Probes | None = None,
+    signals: Set[Signal] | None = None,
 ) -> FleetData:
     """Collect ``targets`` over ``window_s`` (default: the evaluation window) ending at ``at``.
 
     ``only_these`` (always when sharded) restricts every query to these targets'
     instances, so Prometheus evaluates only their series. ``probes`` (default: measured
     now) are the scrape interval and bucket ceilings when the caller already has them.
+    ``signals`` (default: all) are the signals fetched (a cycle fetches the decision
+    signals first, :func:`triage_fetch` the rest for the targets that need them).
     """
     ev = settings.evaluation
     matchers = _matchers(settings, targets, only_these)
@@ -113,16 +116,43 @@ def collect_targets(
         triton_model=settings.discovery.triton_model,
         ceilings=None if probes is None else probes.ceilings,
         layouts=None if probes is None else probes.layouts,
+        signals=signals,
     )
     data.rate_window_s, data.scrape_interval_s = rate_s, interval
     return data
+
+
+#: above this share of the targets, the triage-only signals are fetched for every target
+#: (no instance matcher): measured in benchmarks/README.md ("Triage-only signals")
+TRIAGE_ALL_SHARE = 0.5
+
+
+def triage_fetch(
+    client: QueryClient, settings: Settings, rules: RuleSet, targets: list[Target], data: FleetData, at: datetime,
+) -> Callable[[list[TargetKey]], FleetData]:
+    """What :func:`~kvwatch.core.diagnose.diagnose` calls for the triage-only signals of the
+    targets with a matched rule: one query per (signal, source) for all of them at once,
+    restricted to their instances (escaped for RE2, rows kept by (job, instance)), or
+    unrestricted when they are more than :data:`TRIAGE_ALL_SHARE` of ``targets``. Read at
+    ``at`` with the scrape interval and bucket layouts ``data`` was collected with."""
+    by_key = {t.key: t for t in targets}
+    probes = Probes(data.scrape_interval_s, data.ceilings, data.buckets)
+
+    def fetch(keys: list[TargetKey]) -> FleetData:
+        subset = [by_key[k] for k in keys if k in by_key]
+        few = len(subset) <= TRIAGE_ALL_SHARE * len(targets)
+        return collect_targets(client, settings, rules, subset, at, only_these=few, probes=probes,
+                               signals=rules.triage_signals())
+
+    return fetch
 
 
 def counted(
     client: QueryClient, settings: Settings, at: datetime,
     body: Callable[[], tuple[list[Target], FleetData]], rules: RuleSet, explain: str | None = None,
 ) -> Evaluation:
-    """Run ``body`` (targets and their data), diagnose, and report this run's queries and warnings."""
+    """Run ``body`` (targets and their decision signals), diagnose (fetching the triage-only
+    signals of the targets with a matched rule), and report this run's queries and warnings."""
     ev = settings.evaluation
     stats = getattr(client, "stats", None)
     before = getattr(stats, "queries", 0)
@@ -131,7 +161,9 @@ def counted(
     params = Params(at=at.timestamp(), window_s=ev.window, step_s=ev.step, ttft_slo_s=ev.ttft_slo,
                     latency_window_s=rate_window(ev.latency_window, data.scrape_interval_s))
     keys = explain_keys([t.key for t in targets], explain) if explain else frozenset()
-    results = diagnose(targets, data, rules, params, explain=keys)
+    # ``body`` fetched the decision signals: the triage-only ones follow for flagged targets
+    results = diagnose(targets, data, rules, params, explain=keys,
+                       triage=triage_fetch(client, settings, rules, targets, data, at))
     queries = getattr(stats, "queries", 0) - before
     # only this cycle's warnings: a client is reused across cycles by the service
     if hasattr(stats, "warnings_since"):
@@ -152,6 +184,6 @@ def evaluate(
     is recorded for ``kvwatch explain``."""
     def body() -> tuple[list[Target], FleetData]:
         targets = find_targets(client, settings, at)
-        return targets, collect_targets(client, settings, rules, targets, at)
+        return targets, collect_targets(client, settings, rules, targets, at, signals=rules.decision_signals())
 
     return counted(client, settings, at, body, rules, explain)

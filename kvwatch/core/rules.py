@@ -61,6 +61,11 @@ DERIVED_INPUTS: dict[str, tuple[str, ...]] = {
     "running_vs_queued_max": ("running", "waiting"),
 }
 SIGNAL_NAMES: frozenset[str] = frozenset({s.value for s in Signal} | set(DERIVED_SIGNALS))
+#: canonical signals the diagnosis core reads for every target whatever the rules say
+#: (``diagnose/facts.py``: capacity and cap facts; ``diagnose/target.py``: the queue)
+CORE_SIGNALS: frozenset[Signal] = frozenset(
+    {Signal.KV_USAGE, Signal.KV_CAPACITY_TOKENS, Signal.MAX_RUNNING, Signal.WAITING, Signal.GEN_TPS,
+     Signal.PROMPT_TPS, Signal.REQUEST_RATE})
 
 #: per-target scalar facts computed by the diagnosis core (see diagnose.facts_for)
 FACTS: dict[str, str] = {
@@ -239,6 +244,19 @@ class RuleSet:
         # facts computed from series: tokens per request, the replica group, the period
         names.update(("kv_usage", "gen_tps", "prompt_tps", "request_rate"))
         return frozenset(Signal(n) for n in names if n in Signal._value2member_map_)
+
+    def decision_signals(self) -> frozenset[Signal]:
+        """Signals every target's result depends on: the rule conditions' and the ones the core
+        reads for every target outside them (facts: pool size and concurrency cap; the state's
+        persistent-queue check and the healthy summary: the queue)."""
+        return self.condition_signals() | CORE_SIGNALS
+
+    def triage_signals(self) -> frozenset[Signal]:
+        """Signals only a matched rule's summary and triage text read (today ITL and TPOT p99).
+
+        A cycle fetches them only for the targets with a finding, and a target without one
+        does not list them as blind spots (``(no data)``): they decide nothing."""
+        return frozenset(Signal) - self.decision_signals()
 
 
 #: bare template names besides the facts

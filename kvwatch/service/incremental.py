@@ -11,6 +11,9 @@ steps in. The result equals a full fetch at the same instant
 (``tests/test_incremental.py`` checks this against a live-scraped simulator).
 
 * Static signals (instant queries) are re-read every cycle: they are one value.
+* Only the decision signals are kept and spliced (``RuleSet.decision_signals``); the
+  triage-only ones are read afterwards, for the targets with a matched rule only, by
+  :func:`kvwatch.core.pipeline.counted` (the same second pass as a full fetch's).
 * Latency quantiles sampled coarsely are sampled at fixed absolute instants
   (``core.collect.first_coarse_slot``), and the fetched span starts on one of them,
   so their held values splice exactly.
@@ -175,7 +178,8 @@ class IncrementalEvaluator:
         self, client: QueryClient, settings: Settings, rules: RuleSet, at: datetime
     ) -> tuple[list[Target], FleetData]:
         ev = settings.evaluation
-        key = (ev, settings.discovery, settings.shard, scope_matchers(settings), rules.condition_signals())
+        decide = rules.decision_signals()  # the triage-only signals follow in counted(), for flagged targets
+        key = (ev, settings.discovery, settings.shard, scope_matchers(settings), rules.condition_signals(), decide)
         if key != self._settings_key:
             self.reset()
             self._settings_key = key
@@ -206,12 +210,13 @@ class IncrementalEvaluator:
         )
         short = None
         if not full:
-            short = collect_targets(client, settings, rules, unchanged, at, window_s=m * step, probes=probes)
+            short = collect_targets(client, settings, rules, unchanged, at, window_s=m * step, probes=probes,
+                                    signals=decide)
             # the measured scrape interval widened or narrowed the rate/latency windows: the kept
             # steps were computed with other windows, so nothing can be spliced
             full = self._windows(ev, short) != kept_windows
         if full:
-            data = collect_targets(client, settings, rules, targets, at, probes=probes)
+            data = collect_targets(client, settings, rules, targets, at, probes=probes, signals=decide)
             self._modes = signal_modes(targets, settings, rules)
             self.last_mode, self.last_steps = "full", n
         else:
@@ -221,7 +226,8 @@ class IncrementalEvaluator:
             hold_src = _hold_index(n + 1, first_coarse_slot(grid, step, hold), hold)
             data = splice(old, short, grid, self._modes, hold_src)
             if changed:  # new or re-discovered targets: their whole window, only their series
-                whole = collect_targets(client, settings, rules, changed, at, only_these=True, probes=probes)
+                whole = collect_targets(client, settings, rules, changed, at, only_these=True, probes=probes,
+                                        signals=decide)
                 data.series.update(whole.series)
                 data.targets.update(whole.targets)
                 data.ceilings.update(whole.ceilings)

@@ -15,41 +15,87 @@ is tested with plain arrays. One module per job:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Set
 
 from kvwatch.core.diagnose.facts import facts_for
-from kvwatch.core.diagnose.fleetrules import FleetRules
+from kvwatch.core.diagnose.fleetrules import FleetRules, Outcome
 from kvwatch.core.diagnose.groups import GROUP_SPAN_S, group_facts
 from kvwatch.core.diagnose.target import diagnose_target
 from kvwatch.core.diagnose.view import Params, TargetView
 from kvwatch.core.frame import FleetData
-from kvwatch.core.models import Target, TargetKey, TargetResult
+from kvwatch.core.models import Target, TargetKey, TargetResult, Verdict
 from kvwatch.core.rules import RuleSet
+from kvwatch.core.signals import Signal
 from kvwatch.core.statistics.fleet import FleetStats
 
-__all__ = ["GROUP_SPAN_S", "Params", "TargetView", "diagnose", "diagnose_target", "facts_for"]
+__all__ = ["GROUP_SPAN_S", "Params", "TargetView", "diagnose", "diagnose_target", "facts_for", "with_rows"]
+
+#: fetches the triage-only signals of these targets: a FleetData on the same grid
+TriageFetch = Callable[[list[TargetKey]], FleetData]
 
 
 def diagnose(
     targets: Iterable[Target], data: FleetData, rules: RuleSet, params: Params,
-    explain: frozenset[TargetKey] = frozenset(), reference: bool = False,
+    explain: frozenset[TargetKey] = frozenset(), reference: bool = False, triage: TriageFetch | None = None,
 ) -> tuple[TargetResult, ...]:
     """Classify every target; results are sorted by (state precedence, job, instance).
 
     Targets in ``explain`` get every condition of every rule recorded (``kvwatch explain``),
     by the per-target evaluator. The others' rule conditions are evaluated for the whole
     fleet at once (:mod:`.fleetrules`); ``reference`` evaluates them per target instead
-    (the definition the fast path is tested against: the results are identical)."""
+    (the definition the fast path is tested against: the results are identical).
+
+    ``triage``: ``data`` lacks the signals only matched rules' text reads
+    (``rules.triage_signals()``); they are fetched through it for the targets with a matched
+    rule that export one (one call), and those targets' text and blind spots are made again
+    with them. The results are exactly those of one pass over data that hold every signal:
+    no rule condition, fact or state reads them (so the rule outcomes and facts of the first
+    pass stand), and a target without a matched rule does not list them as blind spots.
+    """
     targets = list(targets)
+    only_triage = rules.triage_signals()
     fleet = FleetStats([t.key for t in targets], data, params.at)
     views = [TargetView(t, data, params, fleet) for t in targets]
     groups = group_facts(views)
     facts = [facts_for(v, groups.get(v.key, {})) for v in views]
     per_rule = [] if reference else FleetRules(views, facts).evaluate(rules.rules)
+
+    def outcomes(j: int, key: TargetKey) -> list[Outcome] | None:
+        return None if reference or key in explain else [o[j] for o in per_rule]
+
+    # with a second pass to come, targets that export a triage-only signal get no text now
+    later = set() if triage is None or not only_triage else {
+        t.key for t in targets if only_triage & data.sourced.get(t.key, set())}
     results = [
-        diagnose_target(v, rules, groups.get(v.key, {}), v.key in explain, facts[j],
-                        None if reference or v.key in explain else [o[j] for o in per_rule])
+        diagnose_target(v, rules, groups.get(v.key, {}), v.key in explain, facts[j], outcomes(j, v.key),
+                        only_triage, draft=v.key in later)
         for j, v in enumerate(views)
     ]
+    flagged = [j for j, r in enumerate(results)
+               if r.target.key in later and any(c.verdict is Verdict.MATCHED for c in r.checks)]
+    if triage is not None and flagged:
+        keys = [targets[j].key for j in flagged]
+        full = with_rows(data, triage(keys), keys, only_triage)
+        fleet2 = FleetStats(keys, full, params.at)
+        for j in flagged:
+            view = TargetView(targets[j], full, params, fleet2)
+            # the same rule outcomes, facts and replica-group facts: none reads a triage signal
+            results[j] = diagnose_target(view, rules, groups.get(view.key, {}), view.key in explain, facts[j],
+                                         outcomes(j, view.key), only_triage)
     results.sort(key=lambda r: (r.state.rank, r.target.key.job, r.target.key.instance))
     return tuple(results)
+
+
+def with_rows(data: FleetData, extra: FleetData, keys: Iterable[TargetKey], signals: Set[Signal]) -> FleetData:
+    """``data`` with ``extra``'s rows of ``signals`` added for ``keys`` (a shallow copy: ``data``
+    itself, which the service keeps between cycles, is not changed). Same grid required."""
+    if len(extra.grid) != len(data.grid) or not (len(data.grid) == 0 or extra.grid[-1] == data.grid[-1]):
+        raise ValueError("triage rows are on another grid than the data")
+    series = dict(data.series)
+    for key in keys:
+        add = {s: v for s, v in extra.series.get(key, {}).items() if s in signals}
+        if add:
+            series[key] = {**series.get(key, {}), **add}
+    return FleetData(grid=data.grid, targets=data.targets, series=series, sourced=data.sourced,
+                     extras=data.extras, ceilings=data.ceilings, buckets=data.buckets,
+                     rate_window_s=data.rate_window_s, scrape_interval_s=data.scrape_interval_s)

@@ -135,23 +135,31 @@ def _span(seconds: float) -> str:
 def diagnose_target(
     view: TargetView, rules: RuleSet, group: dict[str, float | None], explain: bool = False,
     facts: dict[str, float | None] | None = None, outcomes: Sequence[Outcome] | None = None,
+    triage: Set[Signal] | None = None, draft: bool = False,
 ) -> TargetResult:
     """Classify one target. ``group`` holds replica facts computed across the fleet;
     ``explain`` records every condition of every rule (``kvwatch explain``).
 
     ``facts``: this target's :func:`facts_for` when already computed. ``outcomes``: each
     rule's outcome from the fleet-wide evaluator (:mod:`.fleetrules`); without them every
-    rule is evaluated here by :class:`~.conditions.RuleEval` (the same results)."""
+    rule is evaluated here by :class:`~.conditions.RuleEval` (the same results).
+    ``triage`` (default: ``rules.triage_signals()``): signals only a matched rule's text reads;
+    their ``(no data)`` is listed only for a target with a matched rule (collection fetches
+    them only for those), a signal the target does not export at all always. ``draft``: leave
+    matched rules' summary and triage text empty (a second pass with those signals renders it)."""
     p = view.p
     sourced = view.data.sourced.get(view.key, set())
-    missing: list[str] = []
+    if triage is None:
+        triage = rules.triage_signals()
+    gaps: list[tuple[str, bool]] = []  # (blind spot, listed only with a matched rule)
     for sig, name in _ALL_SIGNALS:
         if sig not in sourced:
-            missing.append(name)
+            gaps.append((name, False))
         else:
             counts = view.fleet.column(name, p.window_s, "count")  # view.stat(…, "count"), 18 times a target
             if counts is None or not counts[view.row]:
-                missing.append(f"{name} (no data)")
+                gaps.append((f"{name} (no data)", sig in triage))
+    missing = [m for m, only_matched in gaps if not only_matched]
     if facts is None:
         facts = facts_for(view, group)
 
@@ -209,13 +217,15 @@ def diagnose_target(
                 rule_id=rule.id,
                 severity=rule.severity,
                 confidence=_confidence(ev, coverage),
-                summary=render(rule.summary, ctx),
+                summary="" if draft else render(rule.summary, ctx),
                 evidence=tuple(ev.evidence),
-                triage=tuple(render(t, ctx) for t in rule.triage),
+                triage=() if draft else tuple(render(t, ctx) for t in rule.triage),
                 cause=rule.cause,
                 for_s=rule.for_,
             )
         )
+    if found and len(missing) < len(gaps):  # a matched rule's text reads the triage signals
+        missing = [m for m, _ in gaps]
     found.sort(key=lambda d: d.mode.rank)
     modes = mode_verdicts(checks)
     queue_span = min(PERSISTENT_QUEUE_SPAN_S, p.window_s)
