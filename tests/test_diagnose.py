@@ -427,8 +427,8 @@ def test_explain_lists_every_condition_and_the_near_miss() -> None:
 
 
 def test_explain_shows_any_all_not_groups_so_alternatives_do_not_read_as_contradictions() -> None:
-    """fragmented's progress guard is `any: [gen_tps > 0, all: [gen_tps <= 0 (missing: true), completion > 0]]`:
-    flattened, "gen_tps > 0 met" next to "gen_tps <= 0 not met" reads as a contradiction; the groups are shown."""
+    """fragmented's progress guard is `any: [gen_tps.min > 0, all: [gen_tps.coverage <= 0 (missing: true),
+    completion > 0]]`: flattened, "gen_tps met" next to "gen_tps not met" reads as a contradiction; the groups are shown."""
     from datetime import UTC, datetime
 
     from kvwatch.core.explain import explain_text
@@ -444,7 +444,7 @@ def test_explain_shows_any_all_not_groups_so_alternatives_do_not_read_as_contrad
     first = block[heads[0] + 1]
     assert "gen_tps.min over 10m" in first and len(first) - len(first.lstrip()) > len(block[heads[0]]) - len(block[heads[0]].lstrip())
     nested = next(i for i in range(heads[0] + 1, len(block)) if block[i].strip() == "all of:")
-    assert "gen_tps.min" in block[nested + 1] and "<= 0" in block[nested + 1]
+    assert "gen_tps.coverage" in block[nested + 1] and "<= 0" in block[nested + 1]
     assert any(line.strip() == "not:" for line in block), block
     # top-level conditions stay at the first indent
     assert block[0].startswith("    ") and not block[0].startswith("     "), block[0]
@@ -826,3 +826,18 @@ def test_running_below_an_exported_cap_in_most_queued_samples_is_not_batch_limit
     running = np.where(np.arange(N) % 5 == 0, 32.0, 24 + np.random.default_rng(6).integers(0, 5, N).astype(float))
     r = diagnose_one(base(kv_usage=const(0.3), running=running, waiting=const(40), max_running=const(32)))
     assert not (r.state is FailureMode.IDLE and r.primary.cause == "batch_limited"), r.primary
+
+
+def test_an_engine_counting_requests_that_produced_no_token_is_stalled_not_fragmented() -> None:
+    """Issue 11 (rnd-11-061, SGLang behind Ray, no-running variant): a wedged engine produces no
+    token for the whole window while its request counter still moves (~4/s: requests that
+    gave up are counted as finished, and this engine exports no abort counter), ~1,000 wait and
+    KV reads 0. The fragmented progress guard "tokens, or where tokens are not counted at all,
+    completed requests" took counted-but-zero tokens for "not counted", so the completions
+    passed it; without a running gauge fragmented stayed undecidable and the target read
+    `unknown` instead of stalled."""
+    sigs = base(kv_usage=const(0.0), waiting=1000 + 40 * np.sin(GRID / 90), gen_tps=const(0.0),
+                request_rate=4.3 + 0.3 * np.sin(GRID / 70), prompt_tps=const(0.0))
+    del sigs[Signal.RUNNING]
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.IDLE and r.primary.cause == "stalled", r.primary
