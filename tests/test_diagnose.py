@@ -841,3 +841,64 @@ def test_an_engine_counting_requests_that_produced_no_token_is_stalled_not_fragm
     del sigs[Signal.RUNNING]
     r = diagnose_one(sigs)
     assert r.state is FailureMode.IDLE and r.primary.cause == "stalled", r.primary
+
+
+def _frontend(sigs: dict[Signal, np.ndarray]) -> object:
+    """One Dynamo frontend target (its queue gauge counts requests until their first token)."""
+    t = Target(TargetKey("dyn", "f"), "dynamo-frontend", "dynamo", "m")
+    sigs = {s: v for s, v in sigs.items() if s is not Signal.PREEMPTIONS}  # the frontend exports none
+    data = FleetData(grid=GRID, targets={t.key: t})
+    data.sourced[t.key] = set(sigs)
+    for s, v in sigs.items():
+        data.put(t.key, s, v)
+    (r,) = diagnose([t], data, RULES, Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0))
+    return r
+
+
+def _little(rate: float, ttft: float, seed: int = 4) -> np.ndarray:
+    """Requests before their first token at ``rate`` requests/s each taking ``ttft`` s to it:
+    a Poisson count with Little's-law mean rate × ttft (no admission queue at all)."""
+    return np.random.default_rng(seed).poisson(rate * ttft, N).astype(float)
+
+
+def test_a_compute_bound_pool_behind_the_dynamo_frontend_is_not_healthy() -> None:
+    """Held-out corpus 81 82 (rnd-82-024, rnd-82-031): the frontend's queued_requests counts
+    requests until their first token, prefill included (ai-dynamo/dynamo
+    lib/llm/src/http/service/metrics.rs), so a slow prefill at 0.18 requests/s shows ~0.8
+    "waiting" (up to 8 in a burst) with nobody queued for admission. "No queue anywhere"
+    (waiting.max < 1) then failed and the pool read healthy with a typical first token at
+    4 s against a 2 s SLO."""
+    sigs = base(kv_usage=const(0.05), running=const(3), waiting=_little(0.18, 4.5), request_rate=const(0.18),
+                gen_tps=const(40), ttft_p50=const(4.0), ttft_p99=const(17.0), ttft_mean=const(4.5))
+    r = _frontend(sigs)
+    assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "compute_bound"), r.primary
+
+
+def test_a_busy_healthy_dynamo_frontend_with_requests_in_prefill_is_healthy() -> None:
+    """The converse: 12 requests/s with first tokens in 0.3 s keep ~3.6 in the frontend's
+    queue at every scrape. That is prefill, not a queue: healthy, not 'unknown (persistent
+    queue)', and not compute-bound."""
+    sigs = base(kv_usage=const(0.45), running=_little(12.0, 2.5, seed=5), waiting=_little(12.0, 0.3),
+                request_rate=const(12.0),
+                ttft_p50=const(0.25), ttft_p99=const(0.9), ttft_mean=const(0.3))
+    r = _frontend(sigs)
+    assert r.state is FailureMode.HEALTHY, (r.state, r.reason if hasattr(r, "reason") else r.primary)
+
+
+def test_a_queue_at_the_frontend_that_grows_is_not_compute_bound() -> None:
+    """The frontend's count growing all window long (arrivals above what is served) is a
+    queue, whatever else the frontend counts in it: never compute-bound."""
+    sigs = base(kv_usage=const(0.05), running=const(3), waiting=np.linspace(1, 60, N), request_rate=const(0.18),
+                gen_tps=const(40), ttft_p50=const(4.0), ttft_p99=const(17.0), ttft_mean=const(4.5))
+    r = _frontend(sigs)
+    assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "compute_bound"), r.primary
+    assert r.state is not FailureMode.HEALTHY
+
+
+def test_slow_first_tokens_with_requests_waiting_on_a_vllm_gauge_are_not_compute_bound() -> None:
+    """The same counts on an engine whose waiting gauge excludes requests in prefill (vLLM)
+    are requests waiting for admission: never compute-bound."""
+    sigs = base(kv_usage=const(0.05), running=const(3), waiting=_little(0.18, 4.5), request_rate=const(0.18),
+                gen_tps=const(40), ttft_p50=const(4.0), ttft_p99=const(17.0), ttft_mean=const(4.5))
+    r = diagnose_one(sigs)
+    assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "compute_bound"), r.primary

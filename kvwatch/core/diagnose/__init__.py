@@ -3,6 +3,7 @@
 No network, clock or Slack here: everything arrives as arguments, so this package
 is tested with plain arrays. One module per job:
 
+- :mod:`.prefill`: the admission queue behind a waiting gauge that also counts requests in prefill;
 - :mod:`.view`: :class:`Params` and the per-target data view over the fleet statistics cache;
 - :mod:`.facts`: capacity facts (tokens, headroom, period) of one target;
 - :mod:`.groups`: replica-group facts across targets of one (job, model);
@@ -15,11 +16,13 @@ is tested with plain arrays. One module per job:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Set
 
 from kvwatch.core.diagnose.facts import facts_for
 from kvwatch.core.diagnose.fleetrules import FleetRules, Outcome
 from kvwatch.core.diagnose.groups import GROUP_SPAN_S, group_facts
+from kvwatch.core.diagnose.prefill import admission_queue
 from kvwatch.core.diagnose.target import diagnose_target
 from kvwatch.core.diagnose.view import Params, TargetView
 from kvwatch.core.frame import FleetData
@@ -53,6 +56,7 @@ def diagnose(
     pass stand), and a target without a matched rule does not list them as blind spots.
     """
     targets = list(targets)
+    data = admission_queue(data, targets, params.ttft_slo_s)
     only_triage = rules.triage_signals()
     fleet = FleetStats([t.key for t in targets], data, params.at)
     views = [TargetView(t, data, params, fleet) for t in targets]
@@ -96,6 +100,4 @@ def with_rows(data: FleetData, extra: FleetData, keys: Iterable[TargetKey], sign
         add = {s: v for s, v in extra.series.get(key, {}).items() if s in signals}
         if add:
             series[key] = {**series.get(key, {}), **add}
-    return FleetData(grid=data.grid, targets=data.targets, series=series, sourced=data.sourced,
-                     extras=data.extras, ceilings=data.ceilings, buckets=data.buckets,
-                     rate_window_s=data.rate_window_s, scrape_interval_s=data.scrape_interval_s)
+    return dataclasses.replace(data, series=series)

@@ -28,7 +28,13 @@ from kvwatch.core.dialects.model import (
     SourceKind,
     selector,
 )
-from kvwatch.core.dialects.table import DIALECT_BY_ID, DIALECTS, all_names, kv_proxy
+from kvwatch.core.dialects.table import (
+    DIALECT_BY_ID,
+    DIALECTS,
+    all_names,
+    kv_proxy,
+    waiting_counts_prefill,
+)
 from kvwatch.core.dialects.trtllm import TRITON_LLMAPI_BLIND, TRITON_LLMAPI_SOURCES, TRITON_SOURCES
 from kvwatch.core.dialects.vllm import VLLM_SOURCES
 
@@ -50,4 +56,5 @@ __all__ = [
     "all_names",
     "kv_proxy",
     "selector",
+    "waiting_counts_prefill",
 ]

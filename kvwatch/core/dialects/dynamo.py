@@ -51,8 +51,9 @@ def dynamo_frontend_sources() -> dict[Signal, tuple[Source, ...]]:
                 extra_requires=(f"{p}queued_requests",),
                 note="in flight to the engines minus those still waiting for their first token (decoding)",
             ),
-            Signal.WAITING: Source(G, f"{p}queued_requests", agg="sum",
-                                   note="HTTP requests waiting for their first response"),
+            Signal.WAITING: Source(G, f"{p}queued_requests", agg="sum", counts_prefill=True,
+                                   note="HTTP requests waiting for their first response, prefill included "
+                                        "(kvwatch reads the part beyond what a within-SLO prefill holds)"),
             Signal.ITL_P99: Source(HQ, f"{p}inter_token_latency_seconds", quantile=0.99),
             Signal.GEN_TPS: Source(C, f"{p}output_tokens_total", agg="sum"),
             Signal.PROMPT_TPS: Source(C, f"{p}input_sequence_tokens_sum", agg="sum"),

@@ -90,7 +90,9 @@ class Source:
     histogram bounds in the signal's unit (a quantile outside is interpolation
     or saturation, not measurement). ``note``: meaning and caveats (docs/engines.md).
     ``proxy``: non-empty when the source only approximates the signal (what it really
-    measures); everything that shows the value says so.
+    measures); everything that shows the value says so. ``counts_prefill`` (a waiting
+    gauge): it also counts requests being prefilled, until their first token, so Little's
+    law puts request rate × TTFT in it with nobody queued (:mod:`kvwatch.core.diagnose.prefill`).
     """
 
     kind: SourceKind
@@ -107,6 +109,7 @@ class Source:
     bucket_range: tuple[float, float] | None = None
     note: str = ""
     proxy: str = ""
+    counts_prefill: bool = False
     #: for a fallback: how it yields the signal in the signal's one unit (e.g. tokens/s from
     #: decode requests per iteration x iterations per second); shown by explain/check
     estimate: str = ""

@@ -161,3 +161,10 @@ def kv_proxy(dialect_id: str) -> str:
     d = DIALECT_BY_ID.get(dialect_id)
     srcs = d.sources.get(Signal.KV_USAGE, ()) if d else ()
     return srcs[0].proxy if srcs and all(s.proxy for s in srcs) else ""
+
+
+def waiting_counts_prefill(dialect_id: str) -> bool:
+    """Whether a dialect's waiting gauge also counts requests in prefill (until their first token)."""
+    d = DIALECT_BY_ID.get(dialect_id)
+    srcs = d.sources.get(Signal.WAITING, ()) if d else ()
+    return bool(srcs) and all(s.counts_prefill for s in srcs)

@@ -1,0 +1,52 @@
+"""The admission queue behind a waiting gauge that also counts requests in prefill.
+
+The Dynamo frontend's ``queued_requests`` holds every HTTP request from its arrival until
+its first token, prefill included (ai-dynamo/dynamo ``lib/llm/src/http/service/metrics.rs``).
+By Little's law it then averages request rate × mean TTFT with nobody queued: 3.6 at
+12 requests/s and 0.3 s to the first token, a count the rules would read as a persistent
+queue. The rules speak of requests *held back from admission*, so for such a gauge kvwatch
+reads only the part a within-SLO prefill cannot hold::
+
+    waiting = max(0, queued − max(1, request_rate × ttft_slo))
+
+Within the SLO the frontend holds at most ``request_rate × ttft_slo`` on average; more means
+requests spend longer than the SLO before their first token (an admission queue, or a
+prefill slower than the SLO: the frontend alone cannot tell which, the other signals can).
+One request before its first token is never a queue. Without a request rate (no counter,
+or a gap) only that one request is taken off. Other engines' waiting gauges exclude
+requests in prefill and are left as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import numpy as np
+
+from kvwatch.core.dialects import waiting_counts_prefill
+from kvwatch.core.frame import FleetData
+from kvwatch.core.models import Target
+from kvwatch.core.signals import Signal
+
+
+def admission_queue(data: FleetData, targets: Iterable[Target], ttft_slo_s: float) -> FleetData:
+    """``data`` with the waiting gauge of prefill-counting dialects read as the admission
+    queue (above). A shallow copy when anything changes: ``data`` itself, which the service
+    keeps between cycles, is never modified; ``data`` unchanged when no target needs it."""
+    series = None
+    for t in targets:
+        if not waiting_counts_prefill(t.dialect):
+            continue
+        rows = data.series.get(t.key, {})
+        queued = rows.get(Signal.WAITING)
+        if queued is None:
+            continue
+        rate = rows.get(Signal.REQUEST_RATE)
+        held = np.ones_like(queued) if rate is None else np.fmax(np.nan_to_num(rate, nan=0.0) * ttft_slo_s, 1.0)
+        if series is None:
+            series = dict(data.series)
+        # NaN stays NaN (a gap in the gauge); a gap in the rate takes off one request only
+        series[t.key] = {**rows, Signal.WAITING: np.maximum(queued - held, 0.0, where=~np.isnan(queued),
+                                                           out=np.full_like(queued, np.nan))}
+    return data if series is None else dataclasses.replace(data, series=series)
