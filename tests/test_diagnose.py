@@ -902,3 +902,19 @@ def test_slow_first_tokens_with_requests_waiting_on_a_vllm_gauge_are_not_compute
                 gen_tps=const(40), ttft_p50=const(4.0), ttft_p99=const(17.0), ttft_mean=const(4.5))
     r = diagnose_one(sigs)
     assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "compute_bound"), r.primary
+
+
+def test_a_batch_capped_behind_the_dynamo_frontend_is_not_compute_bound() -> None:
+    """Corpus 31 32 (rnd-31-046, max_num_seqs 16): the frontend counts the requests the engine
+    is prefilling as queued, so its decoding count sits one or two under the cap (at it in the
+    last sample) while ~630 wait, steadily. A steady queue there is a batch at its cap, not a
+    slow prefill: never compute-bound (it read compute-bound, TTFT p50 400 s)."""
+    rng = np.random.default_rng(6)
+    running = np.clip(16 - rng.poisson(1.2, N), 0, 16).astype(float)
+    running[-1] = 16.0
+    sigs = base(kv_usage=const(0.013), running=running, waiting=630 + rng.poisson(5, N).astype(float),
+                request_rate=const(1.1), gen_tps=const(470), ttft_p50=const(400.0), ttft_p99=const(630.0),
+                ttft_mean=const(420.0), max_running=const(16))
+    r = _frontend(sigs)
+    assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "compute_bound"), r.primary
+    assert r.state is not FailureMode.HEALTHY
