@@ -918,3 +918,30 @@ def test_a_batch_capped_behind_the_dynamo_frontend_is_not_compute_bound() -> Non
     r = _frontend(sigs)
     assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "compute_bound"), r.primary
     assert r.state is not FailureMode.HEALTHY
+
+
+@pytest.mark.parametrize("cap, short", [(4, 1), (16, 2)])
+def test_a_batch_at_its_cap_behind_the_dynamo_frontend_is_batch_limited(cap: int, short: int) -> None:
+    """Corpora 81 82 (rnd-82-023, max_num_seqs 4) and 31 32 (rnd-31-046, 16) read unknown:
+    the frontend's running counts decoding requests only, and each request the engine admits
+    when one finishes is prefilling, counted as queued, so running sits ``short`` under the
+    cap in a third of the samples while hundreds wait. At the cap in the others, never above
+    it, with a steady queue: the cap binds."""
+    rng = np.random.default_rng(cap)
+    running = (cap - short * (rng.random(N) < 0.35)).astype(float)
+    sigs = base(kv_usage=const(0.01), running=running, waiting=700 + rng.poisson(5, N).astype(float),
+                request_rate=const(0.6), gen_tps=const(170), ttft_p50=const(400.0), ttft_p99=const(630.0),
+                ttft_mean=const(420.0), max_running=const(cap))
+    r = _frontend(sigs)
+    assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "batch_limited"), r.primary
+
+
+def test_running_below_the_cap_behind_the_dynamo_frontend_is_not_batch_limited() -> None:
+    """The converse: the same queue with running at 10-13 of a cap of 16 (never at it) is not a
+    batch at its cap."""
+    rng = np.random.default_rng(9)
+    sigs = base(kv_usage=const(0.01), running=10 + rng.integers(0, 4, N).astype(float),
+                waiting=700 + rng.poisson(5, N).astype(float), request_rate=const(0.6), gen_tps=const(170),
+                ttft_p50=const(400.0), ttft_p99=const(630.0), ttft_mean=const(420.0), max_running=const(16))
+    r = _frontend(sigs)
+    assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "batch_limited"), r.primary
