@@ -26,6 +26,9 @@ PANEL_MATCHERS = 'job=~"$job", instance=~"$instance"'
 PANEL_RATE = "$__rate_interval"
 #: Rate window of the recording rules (same default as kvwatch's ``evaluation.rate_window``).
 RULE_RATE = "2m"
+#: the TTFT SLO, s, of the native rules (the misread alert's "over SLO"; kvwatch's default
+#: ``evaluation.ttft_slo``): a Prometheus rule file has no configuration to read it from
+NATIVE_TTFT_SLO_S = 2.0
 
 #: Kinds that produce a number per target (``vllm:cache_config_info`` carries its numbers in labels).
 _NUMERIC = frozenset(k for k in SourceKind if k is not SourceKind.VLLM_CACHE_INFO)
@@ -63,7 +66,22 @@ def dialect_expr(
 ) -> str:
     """One dialect's expression for ``signal`` (its sources in preference order, ``or``-ed)."""
     srcs = numeric_sources(dialect, signal)
-    return deferred(dialect, join_or(with_quantile(s, quantile).promql(matchers, rate_window) for s in srcs), matchers)
+    expr = join_or(with_quantile(s, quantile).promql(matchers, rate_window) for s in srcs)
+    if expr and signal is Signal.WAITING and all(s.counts_prefill for s in srcs):
+        expr = admission_queue_expr(expr, dialect_expr(dialect, Signal.REQUEST_RATE, matchers, rate_window))
+    return deferred(dialect, expr, matchers)
+
+
+def admission_queue_expr(queued: str, request_rate: str) -> str:
+    """The admission queue behind a queue gauge that also counts requests in prefill, as
+    kvwatch's diagnosis reads it (:mod:`kvwatch.core.diagnose.prefill`): what a prefill within
+    :data:`NATIVE_TTFT_SLO_S` cannot hold, ``max(0, queued − max(1, request_rate × SLO))``;
+    without a request rate, one request before its first token is taken off."""
+    q = f"({queued})"
+    fallback = f"clamp_min({q} - 1, 0)"
+    if not request_rate:
+        return fallback
+    return f"clamp_min({q} - on ({BY}) clamp_min(({request_rate}) * {NATIVE_TTFT_SLO_S:g}, 1), 0) or {fallback}"
 
 
 def deferred(dialect: Dialect, expr: str, matchers: str = "") -> str:
