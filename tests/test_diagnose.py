@@ -945,3 +945,44 @@ def test_running_below_the_cap_behind_the_dynamo_frontend_is_not_batch_limited()
                 ttft_p50=const(400.0), ttft_p99=const(630.0), ttft_mean=const(420.0), max_running=const(16))
     r = _frontend(sigs)
     assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "batch_limited"), r.primary
+
+
+def test_a_typical_first_token_at_the_slo_with_the_mean_over_it_is_compute_bound() -> None:
+    """Held-out corpus 95 96 (rnd-96-052, vLLM 0.8.2): half the requests over a 2 s SLO (true
+    p50 2.1 s, mean 3.7 s), no queue, KV at 4 %. The histogram's p50 lies in the SLO's own
+    bucket (1, 2.5], so "p50 >= SLO" is not established either way and the pool read low
+    demand ("consolidate replicas") while its typical request missed the SLO. The mean is
+    exact (sum / count, no buckets): over the SLO with the median at least half of it, the
+    typical request is slow."""
+    sigs = base(kv_usage=const(0.03), running=const(2), ttft_p50=const(2.24), ttft_p99=const(14.0),
+                ttft_mean=const(3.7), gen_tps=const(31), request_rate=const(0.3))
+    r = _with_vllm_ttft_buckets(sigs)
+    assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "compute_bound"), r.primary
+
+
+#: vLLM's TTFT histogram bounds, s (vllm/engine/metrics.py)
+_VLLM_TTFT_LE = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+
+
+def _with_vllm_ttft_buckets(sigs: dict[Signal, np.ndarray]) -> object:
+    """One vLLM target whose TTFT quantiles come from vLLM's bucket layout (a quantile says
+    only which bucket it lies in)."""
+    t = Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m")
+    data = FleetData(grid=GRID, targets={t.key: t})
+    data.sourced[t.key] = set(sigs)
+    for sig, v in sigs.items():
+        data.put(t.key, sig, v)
+    data.buckets[t.key] = {Signal.TTFT_P50: _VLLM_TTFT_LE, Signal.TTFT_P99: _VLLM_TTFT_LE}
+    data.ceilings[t.key] = {Signal.TTFT_P50: _VLLM_TTFT_LE[-1], Signal.TTFT_P99: _VLLM_TTFT_LE[-1]}
+    (r,) = diagnose([t], data, RULES, Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0))
+    return r
+
+
+def test_a_tail_that_lifts_the_mean_over_the_slo_is_not_compute_bound() -> None:
+    """The converse: p50 0.3 s with a tail that lifts the mean to 2.5 s is not a slow typical
+    request (the median is far under half the SLO)."""
+    sigs = base(kv_usage=const(0.03), running=const(2), ttft_p50=const(0.3), ttft_p99=const(30.0),
+                ttft_mean=const(2.5), gen_tps=const(31), request_rate=const(0.3))
+    r = _with_vllm_ttft_buckets(sigs)
+    assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "compute_bound"), r.primary
