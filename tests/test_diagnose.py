@@ -988,3 +988,22 @@ def test_a_tail_that_lifts_the_mean_over_the_slo_is_not_compute_bound() -> None:
                 ttft_mean=const(2.5), gen_tps=const(31), request_rate=const(0.3))
     r = _with_vllm_ttft_buckets(sigs)
     assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "compute_bound"), r.primary
+
+
+def test_a_slice_in_prefill_does_not_keep_a_recovered_frontend_oscillation_alive() -> None:
+    """Corpus 11 12 (rnd-12-070, Dynamo frontend): two fill-and-drain episodes with big queues
+    ended 16 minutes ago; since then 1 request/s with a long-prompt slice (TTFT ~3.3 s) whose
+    prefills the frontend counts as queued, up to ~5 at a scrape. Read against the mean a
+    within-SLO prefill holds (1/s × 2 s = 2), one scrape's 4.8 looked like fresh pressure and
+    the oscillation never ended. A count within two Poisson sd of that mean is a prefill."""
+    i = np.arange(N)
+    t_min = (GRID - GRID[0]) / 60
+    episode = (t_min < 14) & ((t_min % 7) < 2.5)
+    usage = np.where(episode, 0.99, np.where(t_min < 14, 0.1, 0.2))
+    queued = np.where(episode, 40.0, 0.0)
+    tail = (t_min >= 14) & (i % 5 == 2)
+    queued = np.where(tail, np.where(i % 10 == 2, 4.8, 3.0), queued)
+    sigs = base(kv_usage=usage, running=np.where(episode, 69.0, 8.0), waiting=queued, request_rate=const(1.0),
+                ttft_p50=const(0.2), ttft_p99=const(3.3), ttft_mean=const(0.43), gen_tps=const(300))
+    r = _frontend(sigs)
+    assert r.state is not FailureMode.OSCILLATING, r.primary

@@ -81,7 +81,7 @@ FACTS: dict[str, str] = {
     "kv_usage_vs_group": "this replica's mean KV usage minus the others' median",
     "ttft_slo": "configured TTFT SLO in seconds",
     "waiting_counts_prefill": "1 where the engine's queue gauge also counts requests in prefill (Dynamo frontend; "
-                              "kvwatch then reads only the part beyond request_rate x ttft_slo as waiting), else 0",
+                              "kvwatch then reads as waiting only the part a within-SLO prefill cannot hold: diagnose/prefill.py), else 0",
     "latency_reach_s": "how far back (s) the requests in the newest latency quantile may have waited: "
                        "the latency window + the sample's age (coarse sampling) + one step",
     "period": "dominant period of KV usage over the window, seconds",

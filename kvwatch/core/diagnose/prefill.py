@@ -7,14 +7,17 @@ By Little's law it then averages request rate × mean TTFT with nobody queued: 3
 queue. The rules speak of requests *held back from admission*, so for such a gauge kvwatch
 reads only the part a within-SLO prefill cannot hold::
 
-    waiting = max(0, queued − max(1, request_rate × ttft_slo))
+    m = request_rate × ttft_slo
+    waiting = max(0, queued − max(1, m + 2·√m))
 
-Within the SLO the frontend holds at most ``request_rate × ttft_slo`` on average; more means
-requests spend longer than the SLO before their first token (an admission queue, or a
-prefill slower than the SLO: the frontend alone cannot tell which, the other signals can).
-One request before its first token is never a queue. Without a request rate (no counter,
-or a gap) only that one request is taken off. Other engines' waiting gauges exclude
-requests in prefill and are left as they are.
+Within the SLO the frontend holds at most ``m`` requests on average; more means requests
+spend longer than the SLO before their first token (an admission queue, or a prefill slower
+than the SLO: the frontend alone cannot tell which, the other signals can). A scrape sees a
+count, not the average: arrivals are Poisson-like, so two standard deviations (``2·√m``)
+above ``m`` are still a within-SLO prefill (a long-prompt slice in prefill read as a queue
+kept a recovered oscillation alive, rnd-12-070). One request before its first token is
+never a queue. Without a request rate (no counter, or a gap) only that one request is
+taken off. Other engines' waiting gauges exclude requests in prefill and are left as they are.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ def admission_queue(data: FleetData, targets: Iterable[Target], ttft_slo_s: floa
         if queued is None:
             continue
         rate = rows.get(Signal.REQUEST_RATE)
-        held = np.ones_like(queued) if rate is None else np.fmax(np.nan_to_num(rate, nan=0.0) * ttft_slo_s, 1.0)
+        m = np.zeros_like(queued) if rate is None else np.fmax(np.nan_to_num(rate, nan=0.0) * ttft_slo_s, 0.0)
+        held = np.fmax(m + 2.0 * np.sqrt(m), 1.0)
         if series is None:
             series = dict(data.series)
         # NaN stays NaN (a gap in the gauge); a gap in the rate takes off one request only

@@ -75,13 +75,15 @@ def dialect_expr(
 def admission_queue_expr(queued: str, request_rate: str) -> str:
     """The admission queue behind a queue gauge that also counts requests in prefill, as
     kvwatch's diagnosis reads it (:mod:`kvwatch.core.diagnose.prefill`): what a prefill within
-    :data:`NATIVE_TTFT_SLO_S` cannot hold, ``max(0, queued − max(1, request_rate × SLO))``;
+    :data:`NATIVE_TTFT_SLO_S` cannot hold, ``max(0, queued − max(1, m + 2·√m))`` with
+    ``m = request_rate × SLO``;
     without a request rate, one request before its first token is taken off."""
     q = f"({queued})"
     fallback = f"clamp_min({q} - 1, 0)"
     if not request_rate:
         return fallback
-    return f"clamp_min({q} - on ({BY}) clamp_min(({request_rate}) * {NATIVE_TTFT_SLO_S:g}, 1), 0) or {fallback}"
+    m = f"(({request_rate}) * {NATIVE_TTFT_SLO_S:g})"
+    return f"clamp_min({q} - on ({BY}) clamp_min({m} + 2 * sqrt({m}), 1), 0) or {fallback}"
 
 
 def deferred(dialect: Dialect, expr: str, matchers: str = "") -> str:
