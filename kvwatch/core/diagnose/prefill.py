@@ -42,11 +42,15 @@ def admission_queue(data: FleetData, targets: Iterable[Target], ttft_slo_s: floa
         if not waiting_counts_prefill(t.dialect):
             continue
         rows = data.series.get(t.key, {})
-        queued = rows.get(Signal.WAITING)
-        if queued is None:
+        raw = rows.get(Signal.WAITING)
+        if raw is None:
             continue
+        queued = np.asarray(raw, dtype=float)
         rate = rows.get(Signal.REQUEST_RATE)
-        m = np.zeros_like(queued) if rate is None else np.fmax(np.nan_to_num(rate, nan=0.0) * ttft_slo_s, 0.0)
+        # a gap, ±Inf or a negative rate (a counter reset read client-side) says nothing: one request off
+        finite = np.zeros_like(queued) if rate is None else np.nan_to_num(
+            np.asarray(rate, dtype=float), nan=0.0, posinf=0.0, neginf=0.0)
+        m = np.fmax(finite * ttft_slo_s, 0.0)
         held = np.fmax(m + 2.0 * np.sqrt(m), 1.0)
         if series is None:
             series = dict(data.series)
