@@ -76,8 +76,8 @@ def admission_queue_expr(queued: str, request_rate: str) -> str:
     """The admission queue behind a queue gauge that also counts requests in prefill, as
     kvwatch's diagnosis reads it (:mod:`kvwatch.core.diagnose.prefill`): what a prefill within
     :data:`NATIVE_TTFT_SLO_S` cannot hold, ``max(0, queued − max(1, m + 2·√m))`` with
-    ``m = request_rate × SLO``;
-    without a request rate, one request before its first token is taken off."""
+    ``m = request_rate × SLO``. Where the rate has no value (no counter yet, a gap), one
+    request before its first token is taken off."""
     q = f"({queued})"
     fallback = f"clamp_min({q} - 1, 0)"
     if not request_rate:
