@@ -32,6 +32,11 @@ from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target
 from kvwatch.core.signals import Signal
 
+#: standard deviations of one scrape's Poisson count above the Little's-law mean still read as prefill
+PREFILL_SD = 2.0
+#: requests before their first token that are never a queue, whatever the rate
+MIN_HELD = 1.0
+
 
 def admission_queue(data: FleetData, targets: Iterable[Target], ttft_slo_s: float) -> FleetData:
     """``data`` with the waiting gauge of prefill-counting dialects read as the admission
@@ -51,7 +56,7 @@ def admission_queue(data: FleetData, targets: Iterable[Target], ttft_slo_s: floa
         finite = np.zeros_like(queued) if rate is None else np.nan_to_num(
             np.asarray(rate, dtype=float), nan=0.0, posinf=0.0, neginf=0.0)
         m = np.fmax(finite * ttft_slo_s, 0.0)
-        held = np.fmax(m + 2.0 * np.sqrt(m), 1.0)
+        held = np.fmax(m + PREFILL_SD * np.sqrt(m), MIN_HELD)
         if series is None:
             series = dict(data.series)
         # NaN stays NaN (a gap in the gauge); a gap in the rate takes off one request only

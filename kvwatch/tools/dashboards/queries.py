@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
+from kvwatch.config import EvaluationSettings
+from kvwatch.core.diagnose.prefill import MIN_HELD, PREFILL_SD
 from kvwatch.core.dialects import BY, DIALECTS, Dialect, Source, SourceKind, selector
 from kvwatch.core.extras import Extra, dialects_with, extra_sources
 from kvwatch.core.signals import Signal
@@ -26,9 +28,9 @@ PANEL_MATCHERS = 'job=~"$job", instance=~"$instance"'
 PANEL_RATE = "$__rate_interval"
 #: Rate window of the recording rules (same default as kvwatch's ``evaluation.rate_window``).
 RULE_RATE = "2m"
-#: the TTFT SLO, s, of the native rules (the misread alert's "over SLO"; kvwatch's default
-#: ``evaluation.ttft_slo``): a Prometheus rule file has no configuration to read it from
-NATIVE_TTFT_SLO_S = 2.0
+#: the TTFT SLO, s, of the native rules: kvwatch's default ``evaluation.ttft_slo`` (a Prometheus
+#: rule file has no configuration to read it from)
+NATIVE_TTFT_SLO_S = float(EvaluationSettings.model_fields["ttft_slo"].default)
 
 #: Kinds that produce a number per target (``vllm:cache_config_info`` carries its numbers in labels).
 _NUMERIC = frozenset(k for k in SourceKind if k is not SourceKind.VLLM_CACHE_INFO)
@@ -79,11 +81,11 @@ def admission_queue_expr(queued: str, request_rate: str) -> str:
     ``m = request_rate × SLO``. Where the rate has no value (no counter yet, a gap), one
     request before its first token is taken off."""
     q = f"({queued})"
-    fallback = f"clamp_min({q} - 1, 0)"
+    fallback = f"clamp_min({q} - {MIN_HELD:g}, 0)"
     if not request_rate:
         return fallback
     m = f"(({request_rate}) * {NATIVE_TTFT_SLO_S:g})"
-    return f"clamp_min({q} - on ({BY}) clamp_min({m} + 2 * sqrt({m}), 1), 0) or {fallback}"
+    return f"clamp_min({q} - on ({BY}) clamp_min({m} + {PREFILL_SD:g} * sqrt({m}), {MIN_HELD:g}), 0) or {fallback}"
 
 
 def deferred(dialect: Dialect, expr: str, matchers: str = "") -> str:
