@@ -1007,3 +1007,33 @@ def test_a_slice_in_prefill_does_not_keep_a_recovered_frontend_oscillation_alive
                 ttft_p50=const(0.2), ttft_p99=const(3.3), ttft_mean=const(0.43), gen_tps=const(300))
     r = _frontend(sigs)
     assert r.state is not FailureMode.OSCILLATING, r.primary
+
+
+def _capped_swings_behind_a_smoothed_queue(queue: np.ndarray) -> dict[Signal, np.ndarray]:
+    """An SGLang-like pool whose batch (and KV, to ~35 %) fills and drains every 160 s, read
+    without its queue gauge: ``waiting`` is the Little's-law estimate from the queue-time
+    histogram (queue seconds of finished requests per second over a 2 m rate window), which
+    never drains below a few requests between peaks."""
+    return base(kv_usage=sine(0.02, 0.36, 160), running=sine(8, 128, 160), waiting=queue,
+                gen_tps=sine(800, 1400, 160), request_rate=sine(2.5, 8.0, 160))
+
+
+def test_an_oscillation_read_through_a_smoothed_queue_estimate_is_oscillating() -> None:
+    """Issue 11 (81 82, no-waiting variants of two capped oscillations: read fragmented and
+    unknown). The estimated queue rises to 45 at every peak and falls to 5 in between, but a
+    2-minute rate window never lets it drain below 1, so "a queue held at each peak, drained in
+    between" counted one episode. A queue that never empties yet halves and refills at every
+    peak of a pool that fills and drains is pressure at the peaks."""
+    swinging = 25 + 20 * np.sin(2 * np.pi * (GRID - GRID[0] - 30) / 160)
+    assert diagnose_one(_capped_swings_behind_a_smoothed_queue(swinging)).state is FailureMode.OSCILLATING
+    # converse: a backlog that never empties and does not build at the peaks is not the swing's pressure
+    flat = 25 + np.random.default_rng(5).normal(0, 1.5, N)
+    assert diagnose_one(_capped_swings_behind_a_smoothed_queue(flat)).state is not FailureMode.OSCILLATING
+    # a pool that swings without a period (KV's period fact unknown) leaves the queue's period
+    # nothing to match: optional evidence, never what makes the rule undecidable (rnd-82-023,
+    # a Dynamo batch at its cap, read unknown while the period leaves counted as unknown)
+    aperiodic = np.random.default_rng(0).random(N) > 0.5
+    r = diagnose_one(_capped_swings_behind_a_smoothed_queue(swinging) | {
+        Signal.KV_USAGE: np.where(aperiodic, 0.4, 0.05), Signal.RUNNING: np.where(aperiodic, 120.0, 10.0)})
+    (check,) = [c for c in r.checks if c.rule_id == "oscillating-kv-swings"]
+    assert check.verdict is not Verdict.UNDECIDABLE
