@@ -1037,3 +1037,43 @@ def test_an_oscillation_read_through_a_smoothed_queue_estimate_is_oscillating() 
         Signal.KV_USAGE: np.where(aperiodic, 0.4, 0.05), Signal.RUNNING: np.where(aperiodic, 120.0, 10.0)})
     (check,) = [c for c in r.checks if c.rule_id == "oscillating-kv-swings"]
     assert check.verdict is not Verdict.UNDECIDABLE
+
+
+def _slow_capped_cycle(queue: np.ndarray, preempt: np.ndarray) -> dict[Signal, np.ndarray]:
+    """A 9-minute fill-and-drain cycle of a batch capped at 16 (Triton TensorRT-LLM at
+    0.5-1.9 requests/s, rnd-61-045): KV and running fill and drain with the demand; ``queue``
+    and ``preempt`` are what the engine shows at the peaks."""
+    demand = 0.5 + 0.5 * (1 - np.cos(2 * np.pi * (GRID - GRID[0]) / 540))
+    return base(kv_usage=0.85 * demand, running=np.minimum(16.0, np.rint(17 * demand)), waiting=queue,
+                preemptions=preempt, request_rate=0.5 + 1.4 * demand / 1.0, gen_tps=300 * demand + 20,
+                max_running=const(16))
+
+
+def _at(minutes: list[float], values: list[float]) -> np.ndarray:
+    """A series that is 0 except at the given minutes of the window (each one 30 s sample)."""
+    out = np.zeros(N)
+    for m, v in zip(minutes, values, strict=True):
+        out[int(m * 2)] = v
+    return out
+
+
+def test_different_kinds_of_pressure_at_successive_peaks_are_oscillation() -> None:
+    """Issue 11 (61 62, rnd-61-045: 7 variants read healthy). Each peak of a slow capped cycle
+    shows pressure of another kind: one request caught waiting, then 10 waiting (6 s of
+    throughput, one sample) with a preemption burst, then a queue held for 3 minutes. No kind
+    repeats often enough on its own (held queues: 1, >= 15 s queues: 0, preemption episodes: 1 of
+    the 3 required), so the pool read healthy though it ran out at two peaks. Pressure of any
+    of the kinds the rule accepts (a held queue, a queue worth 15 s, preemptions) at two peaks,
+    one of them a held queue, is pressure at every peak."""
+    queue = _at([6, 16, 23.5, 24, 24.5, 25, 25.5, 26, 26.5], [1, 10, 2, 6, 15, 21, 20, 27, 6])
+    preempt = _at([16, 16.5, 17, 17.5], [2.9, 2.9, 2.9, 2.9])
+    assert diagnose_one(_slow_capped_cycle(queue, preempt)).state is FailureMode.OSCILLATING
+    # converse: two preemption bursts alone on a pool that swings are chance, not a cycle's pressure
+    bursts = _at([5, 5.5, 16, 16.5], [2.9, 2.9, 2.9, 2.9])
+    assert diagnose_one(_slow_capped_cycle(np.zeros(N), bursts)).state is not FailureMode.OSCILLATING
+    # converse: a busy pool whose usage jumps without a period, with one held queue and a
+    # preemption burst (the demo's healthy-busy pool, seed 0): load noise, not a cycle
+    noisy = np.clip(0.75 + 0.25 * np.random.default_rng(3).standard_normal(N), 0.3, 1.0)
+    busy = base(kv_usage=noisy, running=150 + 60 * (noisy - 0.75), waiting=_at([22, 22.5], [3, 2]),
+                preemptions=_at([26, 26.5], [1.5, 1.5]))
+    assert diagnose_one(busy).state is FailureMode.HEALTHY

@@ -47,6 +47,8 @@ DERIVED_SIGNALS: dict[str, str] = {
     "completion_rate": "request_rate - abort_rate (abort_rate absent: 0), requests/s that completed",
     "running_queued": "running except where nobody waits (waiting < 0.5: a gap); no waiting: every sample",
     "queue_wait": "waiting / request_rate, s: Little's-law time in queue (0 with nobody waiting; a gap while nothing finishes)",
+    "peak_pressure": "1 where requests waited two samples running (waiting >= 1), waited >= 15 s of throughput "
+                     "(queue_wait) or were preempted, 0 where none of these, a gap where none is known",
     "running_vs_queued_max": "running / the most that ran at this or any earlier sample of the window where requests "
                              "waited (waiting >= 0.5); a gap until the first such sample",
 }
@@ -59,6 +61,7 @@ DERIVED_INPUTS: dict[str, tuple[str, ...]] = {
     "running_queued": ("running",),  # waiting only narrows the samples
     "queue_wait": ("waiting", "request_rate"),
     "running_vs_queued_max": ("running", "waiting"),
+    "peak_pressure": ("waiting", "request_rate", "preemptions"),
 }
 SIGNAL_NAMES: frozenset[str] = frozenset({s.value for s in Signal} | set(DERIVED_SIGNALS))
 #: canonical signals the diagnosis core reads for every target whatever the rules say

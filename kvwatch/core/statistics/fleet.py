@@ -87,6 +87,31 @@ class FleetStats:
             if w is not None and r is not None:
                 with np.errstate(divide="ignore", invalid="ignore"):
                     m = np.where(w < 0.5, np.where(np.isnan(w), np.nan, 0.0), np.where(r > 0, w / r, np.nan))
+        elif name == "peak_pressure":
+            # 1 at samples where the pool was under any pressure oscillating-kv-swings accepts: a
+            # queue of >= 1 held two samples (this one and a neighbour), a queue worth >= 15 s of
+            # throughput (queue_wait), or preemptions; 0 where the signals read show none; NaN where
+            # none of them is known. Successive peaks may show different kinds (a held queue at
+            # one, a preemption burst at the next): each kind alone may not repeat
+            w, qw, pre = self.matrix("waiting"), self.matrix("queue_wait"), self.matrix("preemptions")
+            m = None
+            if w is not None or pre is not None:
+                shape = (len(self.keys), len(self.data.grid))
+                hit, known = np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
+                if w is not None:
+                    q = w >= 1.0
+                    near = np.zeros(shape, dtype=bool)
+                    near[:, 1:] |= q[:, :-1]
+                    near[:, :-1] |= q[:, 1:]
+                    hit |= q & near
+                    known |= ~np.isnan(w)
+                if qw is not None:
+                    hit |= qw >= 15.0
+                    known |= ~np.isnan(qw)
+                if pre is not None:
+                    hit |= pre > 1e-4
+                    known |= ~np.isnan(pre)
+                m = np.where(hit, 1.0, np.where(known, 0.0, np.nan))
         elif name == "running_vs_cap":
             a, cap = self.matrix("running"), self.vector("max_running", 0.0, "last")
             m = None if a is None or cap is None else a / np.where(cap > 0, cap, np.nan)[:, None]
