@@ -1077,3 +1077,31 @@ def test_different_kinds_of_pressure_at_successive_peaks_are_oscillation() -> No
     busy = base(kv_usage=noisy, running=150 + 60 * (noisy - 0.75), waiting=_at([22, 22.5], [3, 2]),
                 preemptions=_at([26, 26.5], [1.5, 1.5]))
     assert diagnose_one(busy).state is FailureMode.HEALTHY
+
+
+def test_a_capped_batch_that_fills_and_drains_with_a_queue_at_each_peak_is_oscillating_whatever_kv_does() -> None:
+    """Issue 11 item 4 (61 62, rnd-61-006, TGI: read healthy). The batch hits its cap of 128
+    at four peaks with 130-195 requests queued each time and falls to 40-60 in between, but
+    the pool's usage (TGI's batch token budget, a proxy) moves only 5-23 %: neither KV
+    condition held. Peaks capped by a concurrency limit are oscillation when the batch fills
+    and drains and the queue is there at each peak."""
+    t = GRID - GRID[0]
+    phase = t % 150.0
+    episode = (t >= 780) & (t <= 1230)
+    peak = (phase < 90.0) & episode
+    sigs = base(kv_usage=np.where(peak, 0.21, 0.12) * np.where(t >= 780, 1.0, 0.4),
+                running=np.where(peak, 128.0, 45.0), waiting=np.where(peak & (phase >= 30.0), 150.0, 0.0),
+                request_rate=const(4.3), max_running=const(128))
+    assert diagnose_one(sigs).state is FailureMode.OSCILLATING
+
+
+def test_a_slow_dynamo_pool_whose_small_batch_comes_and_goes_is_not_oscillating() -> None:
+    """The converse (81 82 rnd-82-024, 61 62 rnd-61-018, read oscillating by a first draft): a
+    compute-bound pool at 0.18 requests/s behind the Dynamo frontend runs 0-6 requests (its KV
+    barely moves), so its batch "fills and drains" by itself, and the slow prefills the frontend
+    counts (14 s each: bursts of 3-6) come and go with it. The batch alone is a cycle's evidence only where the queue is a queue."""
+    running = np.random.default_rng(7).poisson(2.0, N).astype(float)
+    sigs = base(kv_usage=const(0.03), running=running, waiting=_little(0.18, 14.0), request_rate=const(0.18),
+                gen_tps=const(40), ttft_p50=const(4.0), ttft_p99=const(17.0), ttft_mean=const(4.5))
+    r = _frontend(sigs)
+    assert r.state is not FailureMode.OSCILLATING, r.primary
