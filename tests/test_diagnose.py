@@ -920,7 +920,7 @@ def test_a_batch_capped_behind_the_dynamo_frontend_is_not_compute_bound() -> Non
     assert r.state is not FailureMode.HEALTHY
 
 
-@pytest.mark.parametrize("cap, short, floor", [(4, 1, 0), (16, 2, 0), (48, 9, 3)])
+@pytest.mark.parametrize("cap, short, floor", [(4, 1, 0), (4, 2, 0), (16, 2, 0), (48, 9, 3)])
 def test_a_batch_at_its_cap_behind_the_dynamo_frontend_is_batch_limited(cap: int, short: int, floor: int) -> None:
     """Corpora 81 82 (rnd-82-023, max_num_seqs 4) and 31 32 (rnd-31-046, 16) read unknown:
     the frontend's running counts decoding requests only, and each request the engine admits
@@ -928,7 +928,9 @@ def test_a_batch_at_its_cap_behind_the_dynamo_frontend_is_batch_limited(cap: int
     cap in a third of the samples while hundreds wait. At the cap in the others, never above
     it, with a steady queue: the cap binds. At 7 completions/s (95 96, rnd-96-036, cap 48)
     a few requests are always prefilling: running never reaches the cap (at most 45, ``floor``
-    under it) and read fragmented."""
+    under it) and read fragmented. A cap of 4 with two of its requests prefilling in a third of
+    the samples (61 62, rnd-62-076: 1,000 waiting) sits at half the cap there and read
+    fragmented while "within a quarter of the cap" was asked: two in prefill is half a small cap."""
     rng = np.random.default_rng(cap)
     running = (cap - floor - (short - floor) * (rng.random(N) < 0.35)).astype(float)
     sigs = base(kv_usage=const(0.01), running=running, waiting=700 + rng.poisson(5, N).astype(float),
