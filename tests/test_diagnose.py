@@ -1024,21 +1024,13 @@ def test_an_oscillation_read_through_a_smoothed_queue_estimate_is_oscillating() 
     """Issue 11 (81 82, no-waiting variants of two capped oscillations: read fragmented and
     unknown). The estimated queue rises to 45 at every peak and falls to 5 in between, but a
     2-minute rate window never lets it drain below 1, so "a queue held at each peak, drained in
-    between" counted one episode. A queue that never empties yet halves and refills at every
-    peak of a pool that fills and drains is pressure at the peaks."""
+    between" counted one episode. Behind an estimated queue, pool and batch filling and draining
+    again and again while requests keep waiting is the pressure at every peak."""
     swinging = 25 + 20 * np.sin(2 * np.pi * (GRID - GRID[0] - 30) / 160)
-    assert diagnose_one(_capped_swings_behind_a_smoothed_queue(swinging)).state is FailureMode.OSCILLATING
-    # converse: a backlog that never empties and does not build at the peaks is not the swing's pressure
-    flat = 25 + np.random.default_rng(5).normal(0, 1.5, N)
-    assert diagnose_one(_capped_swings_behind_a_smoothed_queue(flat)).state is not FailureMode.OSCILLATING
-    # a pool that swings without a period (KV's period fact unknown) leaves the queue's period
-    # nothing to match: optional evidence, never what makes the rule undecidable (rnd-82-023,
-    # a Dynamo batch at its cap, read unknown while the period leaves counted as unknown)
-    aperiodic = np.random.default_rng(0).random(N) > 0.5
-    r = diagnose_one(_capped_swings_behind_a_smoothed_queue(swinging) | {
-        Signal.KV_USAGE: np.where(aperiodic, 0.4, 0.05), Signal.RUNNING: np.where(aperiodic, 120.0, 10.0)})
-    (check,) = [c for c in r.checks if c.rule_id == "oscillating-kv-swings"]
-    assert check.verdict is not Verdict.UNDECIDABLE
+    sigs = _capped_swings_behind_a_smoothed_queue(swinging)
+    assert _estimated_queue_target(sigs, estimated=True).state is FailureMode.OSCILLATING
+    # the same numbers from a queue gauge are a queue that never emptied: not this evidence
+    assert _estimated_queue_target(sigs, estimated=False).state is not FailureMode.OSCILLATING
 
 
 def _slow_capped_cycle(queue: np.ndarray, preempt: np.ndarray) -> dict[Signal, np.ndarray]:
@@ -1106,4 +1098,49 @@ def test_a_slow_dynamo_pool_whose_small_batch_comes_and_goes_is_not_oscillating(
     sigs = base(kv_usage=const(0.03), running=running, waiting=_little(0.18, 14.0), request_rate=const(0.18),
                 gen_tps=const(40), ttft_p50=const(4.0), ttft_p99=const(17.0), ttft_mean=const(4.5))
     r = _frontend(sigs)
+    assert r.state is not FailureMode.OSCILLATING, r.primary
+
+
+def _estimated_queue_target(sigs: dict[Signal, np.ndarray], estimated: bool) -> object:
+    """One vLLM V1 target whose ``waiting`` comes from the queue-time histogram (``estimated``:
+    the Little's-law fallback, no ``vllm:num_requests_waiting`` on the target) or the gauge."""
+    names = {"vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:request_queue_time_seconds_sum",
+             "vllm:request_queue_time_seconds_count", "vllm:request_queue_time_seconds_bucket"}
+    if not estimated:
+        names.add("vllm:num_requests_waiting")
+    t = Target(TargetKey("vllm", "e"), "vllm-v1", "vllm", "m", names=frozenset(names))
+    data = FleetData(grid=GRID, targets={t.key: t})
+    data.sourced[t.key] = set(sigs)
+    for s, v in sigs.items():
+        data.put(t.key, s, v)
+    (r,) = diagnose([t], data, RULES, Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0))
+    return r
+
+
+def _episode_behind_an_estimated_queue() -> dict[Signal, np.ndarray]:
+    """rnd-61-003 (61 62, no-waiting variant, read healthy): a 15-minute oscillation episode
+    (KV 0-99 % every ~2 min, 7 times) that ended 7 minutes ago. The Little's-law estimate rises
+    to 10-40 with the episode and never falls below 10 until it ends: one queue episode, no
+    period of its own (its one hump spans the window)."""
+    t = GRID - GRID[0]
+    episode = (t >= 450) & (t < 1380)
+    swing = 0.5 + 0.49 * np.sin(2 * np.pi * t / 125)
+    kv = np.where(episode, swing, 0.1)
+    queue = np.where(episode, 25 + 12 * np.sin(2 * np.pi * t / 600), 0.0)
+    return base(kv_usage=kv, running=np.where(episode, 5 + 85 * swing, 10.0), waiting=queue,
+                request_rate=np.where(episode, 1.6, 0.5))
+
+
+def test_a_pool_that_fills_and_drains_behind_an_estimated_queue_that_never_empties_is_oscillating() -> None:
+    """Behind an estimated queue, the pool filling and draining again and again while requests
+    keep waiting is the pressure at every peak: the estimate cannot drain between peaks."""
+    r = _estimated_queue_target(_episode_behind_an_estimated_queue(), estimated=True)
+    assert r.state is FailureMode.OSCILLATING, r.primary
+    # converse (51 52, rnd-52-016, no-waiting: read oscillating by a first draft): a batch pinned
+    # at its cap of 128 behind a growing estimated queue, the pool's usage wandering 33-73 % with
+    # the sizes admitted: nothing fills and drains, the cap binds
+    t = GRID - GRID[0]
+    pinned = base(kv_usage=np.clip(0.55 + 0.1 * np.random.default_rng(8).standard_normal(N), 0.3, 0.75),
+                  running=const(128), waiting=1500 + 2600 * t / t[-1], request_rate=const(3.0))
+    r = _estimated_queue_target(pinned, estimated=True)
     assert r.state is not FailureMode.OSCILLATING, r.primary

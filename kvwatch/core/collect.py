@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from kvwatch.core.dialects import BY, DIALECT_BY_ID, Source, SourceKind, selector
+from kvwatch.core.dialects import BY, DIALECT_BY_ID, Source, SourceKind, selector, source_for
 from kvwatch.core.frame import FleetData, latency_hold_steps
 from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.promclient import QueryClient, Series
@@ -41,13 +41,8 @@ def resolve(target: Target) -> dict[Signal, Source]:
     d = DIALECT_BY_ID.get(target.dialect)
     if d is None:
         return {}
-    out: dict[Signal, Source] = {}
-    for sig, sources in d.sources.items():
-        for src in sources:
-            if all(n in target.names for n in src.requires):
-                out[sig] = src
-                break
-    return out
+    found = {sig: source_for(target.dialect, target.names, sig) for sig in d.sources}
+    return {sig: src for sig, src in found.items() if src is not None}
 
 
 def plan(

@@ -47,6 +47,7 @@ DERIVED_SIGNALS: dict[str, str] = {
     "completion_rate": "request_rate - abort_rate (abort_rate absent: 0), requests/s that completed",
     "running_queued": "running except where nobody waits (waiting < 0.5: a gap); no waiting: every sample",
     "queue_wait": "waiting / request_rate, s: Little's-law time in queue (0 with nobody waiting; a gap while nothing finishes)",
+    "kv_queued": "kv_usage at the samples where requests waited (waiting >= 1), a gap elsewhere",
     "peak_pressure": "1 where requests waited two samples running (waiting >= 1), waited >= 15 s of throughput "
                      "(queue_wait) or were preempted, 0 where none of these, a gap where none is known",
     "running_vs_queued_max": "running / the most that ran at this or any earlier sample of the window where requests "
@@ -62,6 +63,7 @@ DERIVED_INPUTS: dict[str, tuple[str, ...]] = {
     "queue_wait": ("waiting", "request_rate"),
     "running_vs_queued_max": ("running", "waiting"),
     "peak_pressure": ("waiting", "request_rate", "preemptions"),
+    "kv_queued": ("kv_usage", "waiting"),
 }
 SIGNAL_NAMES: frozenset[str] = frozenset({s.value for s in Signal} | set(DERIVED_SIGNALS))
 #: canonical signals the diagnosis core reads for every target whatever the rules say
@@ -85,6 +87,8 @@ FACTS: dict[str, str] = {
     "ttft_slo": "configured TTFT SLO in seconds",
     "waiting_counts_prefill": "1 where the engine's queue gauge also counts requests in prefill (Dynamo frontend; "
                               "kvwatch then reads as waiting only the part a within-SLO prefill cannot hold: diagnose/prefill.py), else 0",
+    "waiting_estimated": "1 where waiting is the Little's-law estimate from the queue-time histogram (no queue gauge: "
+                         "smoothed over the rate window, it lags and never drains between close peaks), else 0",
     "latency_reach_s": "how far back (s) the requests in the newest latency quantile may have waited: "
                        "the latency window + the sample's age (coarse sampling) + one step",
     "period": "dominant period of KV usage over the window, seconds",

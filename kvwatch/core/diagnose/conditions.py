@@ -32,6 +32,10 @@ LATENCY_SIGNALS = frozenset(
     {"ttft_p50", "ttft_p99", "ttft_mean", "queue_p99", "queue_mean", "itl_p99", "ttft_tail_ratio"}
 )
 
+#: derived signals whose gaps are an answer (kv_queued: the pool where nobody waited is left
+#: out): whether they are fresh is whether the signal they mask still reports
+FRESH_FROM: dict[str, str] = {"kv_queued": "kv_usage"}
+
 
 def leaf_span(leaf: Leaf, rule: Rule, window_s: float) -> float:
     """The span a leaf's statistic is taken over, s: the whole window or the rule's ``for`` tail."""
@@ -66,7 +70,7 @@ class RuleEval:
         that vanished). Latency signals are exempt: no request finished is itself an answer."""
         if signal in LATENCY_SIGNALS or span <= self.view.p.fresh_s:
             return False
-        return not self.view.stat(signal, self.view.p.fresh_s, "count")
+        return not self.view.stat(FRESH_FROM.get(signal, signal), self.view.p.fresh_s, "count")
 
     def _no_requests(self, span: float) -> bool:
         """True when the target is known to have finished no request in the span."""

@@ -37,6 +37,7 @@ from kvwatch.core.diagnose.conditions import (
     _NEGATE,
     _OPS,
     _ORDERING,
+    FRESH_FROM,
     LATENCY_SIGNALS,
     _holds_for_lower_bound,
     fmt_span,
@@ -192,7 +193,7 @@ class FleetRules:
             if name in LATENCY_SIGNALS or span <= p.fresh_s:
                 silent = np.zeros(n, dtype=bool)
             else:
-                silent = ~obs_none & self._count_zero(name, p.fresh_s)
+                silent = ~obs_none & self._count_zero(FRESH_FROM.get(name, name), p.fresh_s)
         true, false = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         missing = vis & (obs_none | silent | thr_none | ~np.isfinite(obs))
         if missing.any():

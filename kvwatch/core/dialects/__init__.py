@@ -33,7 +33,9 @@ from kvwatch.core.dialects.table import (
     DIALECTS,
     all_names,
     kv_proxy,
+    source_for,
     waiting_counts_prefill,
+    waiting_is_estimate,
 )
 from kvwatch.core.dialects.trtllm import TRITON_LLMAPI_BLIND, TRITON_LLMAPI_SOURCES, TRITON_SOURCES
 from kvwatch.core.dialects.vllm import VLLM_SOURCES
@@ -56,5 +58,7 @@ __all__ = [
     "all_names",
     "kv_proxy",
     "selector",
+    "source_for",
     "waiting_counts_prefill",
+    "waiting_is_estimate",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvwatch.core.dialects.dynamo import dynamo_frontend_sources, dynamo_worker_sources
 from kvwatch.core.dialects.lmdeploy import lmdeploy_sources
-from kvwatch.core.dialects.model import Dialect
+from kvwatch.core.dialects.model import Dialect, Source
 from kvwatch.core.dialects.sglang import sglang_sources
 from kvwatch.core.dialects.tgi import tgi_sources
 from kvwatch.core.dialects.trtllm import (
@@ -161,6 +161,23 @@ def kv_proxy(dialect_id: str) -> str:
     d = DIALECT_BY_ID.get(dialect_id)
     srcs = d.sources.get(Signal.KV_USAGE, ()) if d else ()
     return srcs[0].proxy if srcs and all(s.proxy for s in srcs) else ""
+
+
+def source_for(dialect_id: str, names: frozenset[str], signal: Signal) -> Source | None:
+    """The source ``signal`` uses on a target of ``dialect_id`` holding the metric ``names``: the
+    first of the dialect's sources whose required metrics are all present (None: none is)."""
+    d = DIALECT_BY_ID.get(dialect_id)
+    for src in d.sources.get(signal, ()) if d else ():
+        if all(n in names for n in src.requires):
+            return src
+    return None
+
+
+def waiting_is_estimate(dialect_id: str, names: frozenset[str]) -> bool:
+    """Whether a target's ``waiting`` is a fallback estimate (the Little's-law queue from a
+    queue-time histogram, smoothed over its rate window) rather than a queue gauge."""
+    src = source_for(dialect_id, names, Signal.WAITING)
+    return src is not None and bool(src.estimate)
 
 
 def waiting_counts_prefill(dialect_id: str) -> bool:

@@ -87,6 +87,11 @@ class FleetStats:
             if w is not None and r is not None:
                 with np.errstate(divide="ignore", invalid="ignore"):
                     m = np.where(w < 0.5, np.where(np.isnan(w), np.nan, 0.0), np.where(r > 0, w / r, np.nan))
+        elif name == "kv_queued":
+            # the pool while requests waited: filling and draining *with* a queue throughout (a
+            # queue estimate that never empties between close peaks) rather than around its gaps
+            a, w = self.matrix("kv_usage"), self.matrix("waiting")
+            m = None if a is None or w is None else np.where(w >= 1.0, a, np.nan)
         elif name == "peak_pressure":
             # 1 at samples where the pool was under any pressure oscillating-kv-swings accepts: a
             # queue of >= 1 held two samples (this one and a neighbour), a queue worth >= 15 s of
