@@ -1065,6 +1065,10 @@ def test_different_kinds_of_pressure_at_successive_peaks_are_oscillation() -> No
     # converse: two preemption bursts alone on a pool that swings are chance, not a cycle's pressure
     bursts = _at([5, 5.5, 16, 16.5], [2.9, 2.9, 2.9, 2.9])
     assert diagnose_one(_slow_capped_cycle(np.zeros(N), bursts)).state is not FailureMode.OSCILLATING
+    # converse (31 32, rnd-32-063, read oscillating by the first version): one preemption in the
+    # rate window (0.01/s at 1.9 requests/s) is not a peak's burst, however periodic the pool
+    blip = _at([5, 5.5], [0.01, 0.01])
+    assert diagnose_one(_slow_capped_cycle(queue * (np.arange(N) >= 40), blip)).state is not FailureMode.OSCILLATING
     # converse: a busy pool whose usage jumps without a period, with one held queue and a
     # preemption burst (the demo's healthy-busy pool, seed 0): load noise, not a cycle
     noisy = np.clip(0.75 + 0.25 * np.random.default_rng(3).standard_normal(N), 0.3, 1.0)
@@ -1087,6 +1091,12 @@ def test_a_capped_batch_that_fills_and_drains_with_a_queue_at_each_peak_is_oscil
                 running=np.where(peak, 128.0, 45.0), waiting=np.where(peak & (phase >= 30.0), 150.0, 0.0),
                 request_rate=const(4.3), max_running=const(128))
     assert diagnose_one(sigs).state is FailureMode.OSCILLATING
+    # converse (31 32, rnd-32-009, read oscillating by the first version): the same batch with
+    # requests waiting nearly all the time, draining only for a sample now and then, is the cap
+    # binding throughout (batch-limited), not a queue at the peaks
+    held = np.where(np.arange(N) % 8 == 0, 0.0, np.where(peak, 150.0, 60.0))
+    r = diagnose_one(sigs | {Signal.WAITING: held})
+    assert r.state is not FailureMode.OSCILLATING, r.primary
 
 
 def test_a_slow_dynamo_pool_whose_small_batch_comes_and_goes_is_not_oscillating() -> None:

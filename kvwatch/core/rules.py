@@ -49,7 +49,8 @@ DERIVED_SIGNALS: dict[str, str] = {
     "queue_wait": "waiting / request_rate, s: Little's-law time in queue (0 with nobody waiting; a gap while nothing finishes)",
     "kv_queued": "kv_usage at the samples where requests waited (waiting >= 1), a gap elsewhere",
     "peak_pressure": "1 where requests waited two samples running (waiting >= 1), waited >= 15 s of throughput "
-                     "(queue_wait) or were preempted, 0 where none of these, a gap where none is known",
+                     "(queue_wait) or were preempted in a burst (>= 5 % of the requests finishing), 0 where none of these, "
+                     "a gap where none is known",
     "running_vs_queued_max": "running / the most that ran at this or any earlier sample of the window where requests "
                              "waited (waiting >= 0.5); a gap until the first such sample",
 }

@@ -95,10 +95,12 @@ class FleetStats:
         elif name == "peak_pressure":
             # 1 at samples where the pool was under any pressure oscillating-kv-swings accepts: a
             # queue of >= 1 held two samples (this one and a neighbour), a queue worth >= 15 s of
-            # throughput (queue_wait), or preemptions; 0 where the signals read show none; NaN where
-            # none of them is known. Successive peaks may show different kinds (a held queue at
-            # one, a preemption burst at the next): each kind alone may not repeat
+            # throughput (queue_wait), or a preemption burst (evictions >= 5 % of the requests
+            # finishing: one preemption in the rate window of a busy pool is no burst); 0 where the
+            # signals read show none; NaN where none of them is known. Successive peaks may show
+            # different kinds (a held queue at one, a burst at the next): each alone may not repeat
             w, qw, pre = self.matrix("waiting"), self.matrix("queue_wait"), self.matrix("preemptions")
+            rr = self.matrix("request_rate")
             m = None
             if w is not None or pre is not None:
                 shape = (len(self.keys), len(self.data.grid))
@@ -114,7 +116,8 @@ class FleetStats:
                     hit |= qw >= 15.0
                     known |= ~np.isnan(qw)
                 if pre is not None:
-                    hit |= pre > 1e-4
+                    floor = 1e-4 if rr is None else np.where(np.isnan(rr), 1e-4, np.maximum(1e-4, 0.05 * rr))
+                    hit |= pre > floor
                     known |= ~np.isnan(pre)
                 m = np.where(hit, 1.0, np.where(known, 0.0, np.nan))
         elif name == "running_vs_cap":
