@@ -1154,3 +1154,21 @@ def test_a_pool_that_fills_and_drains_behind_an_estimated_queue_that_never_empti
                   running=const(128), waiting=1500 + 2600 * t / t[-1], request_rate=const(3.0))
     r = _estimated_queue_target(pinned, estimated=True)
     assert r.state is not FailureMode.OSCILLATING, r.primary
+
+
+def test_a_tail_that_has_just_cleared_after_an_episode_is_not_misread() -> None:
+    """Issue 11 item 5 (97 98, rnd-97-044, TensorRT-LLM: read misread in 6 variants). An
+    oscillation episode (queues of 11-41 caught by one sample each, preemption bursts of 3/s)
+    ended 10 minutes ago; the 10-minute TTFT p99 carried its tail (6-19 s) until the last
+    minute and is back at 0.2 s now. Over the last 10 minutes the p99 was above the SLO
+    nearly throughout, but a misread tail is one that is there now."""
+    p99 = np.where(np.arange(N) >= N - 3, 0.21, 6.0)
+    sigs = base(kv_usage=const(0.23), running=const(20), waiting=_at([7.5, 11, 14.5, 18], [41, 20, 21, 11]),
+                preemptions=_at([7.5, 8, 8.5, 9], [3.0, 2.8, 2.8, 3.1]), request_rate=const(0.9),
+                ttft_p50=const(0.04), ttft_p99=p99, ttft_mean=np.where(p99 > 1, 0.32, 0.05))
+    r = diagnose_one(sigs)
+    assert r.state is not FailureMode.MISREAD, r.primary
+    # converse: the same tail still there at the newest sample is misread
+    sigs[Signal.TTFT_P99] = const(6.0)
+    sigs[Signal.TTFT_MEAN] = const(0.32)
+    assert diagnose_one(sigs).state is FailureMode.MISREAD
