@@ -846,7 +846,11 @@ def test_an_engine_counting_requests_that_produced_no_token_is_stalled_not_fragm
 def _frontend(sigs: dict[Signal, np.ndarray]) -> object:
     """One Dynamo frontend target (its queue gauge counts requests until their first token)."""
     t = Target(TargetKey("dyn", "f"), "dynamo-frontend", "dynamo", "m")
-    sigs = {s: v for s, v in sigs.items() if s is not Signal.PREEMPTIONS}  # the frontend exports none
+    return _diagnose_as(t, {s: v for s, v in sigs.items() if s is not Signal.PREEMPTIONS})  # the frontend exports none
+
+
+def _diagnose_as(t: Target, sigs: dict[Signal, np.ndarray]) -> object:
+    """``t`` (its dialect and metric names as given) with ``sigs`` on the test grid, diagnosed at its end."""
     data = FleetData(grid=GRID, targets={t.key: t})
     data.sourced[t.key] = set(sigs)
     for s, v in sigs.items():
@@ -1118,13 +1122,7 @@ def _estimated_queue_target(sigs: dict[Signal, np.ndarray], estimated: bool) -> 
              "vllm:request_queue_time_seconds_count", "vllm:request_queue_time_seconds_bucket"}
     if not estimated:
         names.add("vllm:num_requests_waiting")
-    t = Target(TargetKey("vllm", "e"), "vllm-v1", "vllm", "m", names=frozenset(names))
-    data = FleetData(grid=GRID, targets={t.key: t})
-    data.sourced[t.key] = set(sigs)
-    for s, v in sigs.items():
-        data.put(t.key, s, v)
-    (r,) = diagnose([t], data, RULES, Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0))
-    return r
+    return _diagnose_as(Target(TargetKey("vllm", "e"), "vllm-v1", "vllm", "m", names=frozenset(names)), sigs)
 
 
 def _episode_behind_an_estimated_queue() -> dict[Signal, np.ndarray]:
