@@ -1170,3 +1170,43 @@ def test_a_tail_that_has_just_cleared_after_an_episode_is_not_misread() -> None:
     sigs[Signal.TTFT_P99] = const(6.0)
     sigs[Signal.TTFT_MEAN] = const(0.32)
     assert diagnose_one(sigs).state is FailureMode.MISREAD
+
+
+@pytest.mark.parametrize("signal", ["kv_queued", "running_queued", "running_vs_cap_queued"])
+def test_a_signal_masked_to_queued_samples_is_fresh_while_what_it_masks_reports(
+    signal: str, tmp_path: pytest.TempPathFactory,
+) -> None:
+    """Derived signals that keep only the samples where requests waited have gaps wherever
+    nobody waits: an answer, not a series gone silent. A queue that ended 10 minutes ago
+    leaves them without a recent sample while KV and running still report, so a condition
+    over the window is decided (by the fleet kernels and by the per-target definition alike),
+    not undecidable as for a signal that stopped reporting."""
+    from kvwatch.core.rules import load_ruleset as load
+
+    rule = tmp_path / "masked.yaml"  # type: ignore[operator]
+    rule.write_text(f"""
+version: 1
+rules:
+  - id: masked-seen
+    mode: idle
+    summary: seen
+    triage: ["look"]
+    when:
+      all:
+        - {{signal: {signal}, stat: max, op: ">=", value: 0.1, over: window}}
+""")
+    rules = load([rule])
+    t = GRID - GRID[0]
+    queued = (t >= 300) & (t < 1200)
+    sigs = base(kv_usage=np.where(queued, 0.4, 0.2), running=np.where(queued, 16.0, 4.0),
+                waiting=np.where(queued, 9.0, 0.0), max_running=const(16))
+    target = Target(TargetKey("vllm", "m"), "vllm-v1", "vllm", "m")
+    data = FleetData(grid=GRID, targets={target.key: target})
+    data.sourced[target.key] = set(sigs)
+    for s, v in sigs.items():
+        data.put(target.key, s, v)
+    params = Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0)
+    for reference in (False, True):
+        (r,) = diagnose([target], data, rules, params, reference=reference)
+        (check,) = [c for c in r.checks if c.rule_id == "masked-seen"]
+        assert check.verdict is Verdict.MATCHED, (reference, check)

@@ -10,7 +10,6 @@ through ``histogram_quantile`` over ``le``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import re
 from collections import Counter, defaultdict
@@ -20,7 +19,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from kvwatch.core.dialects import BY, DIALECT_BY_ID, Source, SourceKind, selector, source_for
+from kvwatch.core.dialects import BY, Source, SourceKind, resolve, selector
 from kvwatch.core.frame import FleetData, latency_hold_steps
 from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.promclient import QueryClient, Series
@@ -29,20 +28,6 @@ from kvwatch.core.selector import Matcher
 from kvwatch.core.signals import SIGNAL_INFO, Signal
 from kvwatch.durations import parse_duration
 from kvwatch.errors import PrometheusBadResponse
-
-
-@functools.lru_cache(maxsize=16384)
-def resolve(target: Target) -> dict[Signal, Source]:
-    """The source each signal uses for this target (signals without one are absent).
-
-    Cached: the same targets are resolved by planning, collection and every cycle.
-    Callers must not mutate the returned mapping.
-    """
-    d = DIALECT_BY_ID.get(target.dialect)
-    if d is None:
-        return {}
-    found = {sig: source_for(target.dialect, target.names, sig) for sig in d.sources}
-    return {sig: src for sig, src in found.items() if src is not None}
 
 
 def plan(

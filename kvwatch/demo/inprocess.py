@@ -2,7 +2,7 @@
 
 No Prometheus: each simulated engine's series (its dialect's real names, labels and
 buckets, :func:`kvwatch.sim.expose.families`) go through discovery's dialect detection
-(:func:`kvwatch.core.discover.parse_discovery`) and :func:`kvwatch.core.collect.resolve`, and each
+(:func:`kvwatch.core.discover.parse_discovery`) and :func:`kvwatch.core.dialects.resolve`, and each
 resolved source is evaluated on them the way its PromQL would be
 (:mod:`kvwatch.demo.promlite`). So a dialect's blind spots, units and histogram
 resolution are the same as against a real Prometheus.

@@ -32,9 +32,10 @@ LATENCY_SIGNALS = frozenset(
     {"ttft_p50", "ttft_p99", "ttft_mean", "queue_p99", "queue_mean", "itl_p99", "ttft_tail_ratio"}
 )
 
-#: derived signals whose gaps are an answer (kv_queued: the pool where nobody waited is left
-#: out): whether they are fresh is whether the signal they mask still reports
-FRESH_FROM: dict[str, str] = {"kv_queued": "kv_usage"}
+#: derived signals that mask a signal to the samples where requests waited: their gaps (nobody
+#: waiting) are an answer, so whether they are fresh is whether the signal they mask still reports
+FRESH_FROM: dict[str, str] = {
+    "kv_queued": "kv_usage", "running_queued": "running", "running_vs_cap_queued": "running_vs_cap"}
 
 
 def leaf_span(leaf: Leaf, rule: Rule, window_s: float) -> float:

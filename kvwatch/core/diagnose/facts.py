@@ -36,7 +36,7 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "max_running": view.stat("max_running", w, "last"),
         "ttft_slo": p.ttft_slo_s,
         "waiting_counts_prefill": 1.0 if waiting_counts_prefill(view.target.dialect) else 0.0,
-        "waiting_estimated": 1.0 if waiting_is_estimate(view.target.dialect, view.target.names) else 0.0,
+        "waiting_estimated": 1.0 if waiting_is_estimate(view.target) else 0.0,
         "latency_reach_s": p.latency_reach_s,
         "period": period,
         "period_minutes": None if period is None else period / 60,

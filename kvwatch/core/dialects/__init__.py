@@ -33,7 +33,7 @@ from kvwatch.core.dialects.table import (
     DIALECTS,
     all_names,
     kv_proxy,
-    source_for,
+    resolve,
     waiting_counts_prefill,
     waiting_is_estimate,
 )
@@ -57,8 +57,8 @@ __all__ = [
     "SourceKind",
     "all_names",
     "kv_proxy",
+    "resolve",
     "selector",
-    "source_for",
     "waiting_counts_prefill",
     "waiting_is_estimate",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from kvwatch.core.dialects.dynamo import dynamo_frontend_sources, dynamo_worker_sources
 from kvwatch.core.dialects.lmdeploy import lmdeploy_sources
 from kvwatch.core.dialects.model import Dialect, Source
@@ -15,6 +17,7 @@ from kvwatch.core.dialects.trtllm import (
     trtllm_serve_sources,
 )
 from kvwatch.core.dialects.vllm import VLLM_SOURCES, vllm_sources
+from kvwatch.core.models import Target
 from kvwatch.core.signals import Signal
 
 _DYN_UP = "ai-dynamo/dynamo:lib/runtime/src/metrics/prometheus_names.rs@04070c75"
@@ -163,20 +166,28 @@ def kv_proxy(dialect_id: str) -> str:
     return srcs[0].proxy if srcs and all(s.proxy for s in srcs) else ""
 
 
-def source_for(dialect_id: str, names: frozenset[str], signal: Signal) -> Source | None:
-    """The source ``signal`` uses on a target of ``dialect_id`` holding the metric ``names``: the
-    first of the dialect's sources whose required metrics are all present (None: none is)."""
-    d = DIALECT_BY_ID.get(dialect_id)
-    for src in d.sources.get(signal, ()) if d else ():
-        if all(n in names for n in src.requires):
-            return src
-    return None
+@functools.lru_cache(maxsize=16384)
+def resolve(target: Target) -> dict[Signal, Source]:
+    """The source each signal uses for this target: the first of its dialect's sources whose
+    required metrics the target exports (signals without one are absent).
+
+    Cached: the same targets are resolved by planning, collection, diagnosis and every cycle.
+    Callers must not mutate the returned mapping.
+    """
+    d = DIALECT_BY_ID.get(target.dialect)
+    out: dict[Signal, Source] = {}
+    for sig, sources in d.sources.items() if d else ():
+        for src in sources:
+            if all(n in target.names for n in src.requires):
+                out[sig] = src
+                break
+    return out
 
 
-def waiting_is_estimate(dialect_id: str, names: frozenset[str]) -> bool:
+def waiting_is_estimate(target: Target) -> bool:
     """Whether a target's ``waiting`` is a fallback estimate (the Little's-law queue from a
     queue-time histogram, smoothed over its rate window) rather than a queue gauge."""
-    src = source_for(dialect_id, names, Signal.WAITING)
+    src = resolve(target).get(Signal.WAITING)
     return src is not None and bool(src.estimate)
 
 

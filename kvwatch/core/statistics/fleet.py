@@ -25,6 +25,15 @@ from kvwatch.core.statistics.registry import REGISTRY, SpanMatrix
 _SIGNALS: dict[str, Signal] = {s.value: s for s in Signal}
 
 
+
+#: a queue worth this many seconds of throughput (Little's law) was held, not caught between two
+#: admissions: the same 15 s as oscillating-kv-swings' ``queue_wait.episodes(15)``
+HELD_QUEUE_S = 15.0
+#: preemptions per second above this are an eviction at all (the rules' ``0.0001``)
+PREEMPTION_FLOOR = 1e-4
+#: evictions per finishing request that make a burst rather than one preemption in the rate window
+BURST_SHARE = 0.05
+
 class FleetStats:
     """Lazy, memoised per-fleet statistics over spans ending at ``at`` (Unix seconds)."""
 
@@ -113,10 +122,11 @@ class FleetStats:
                     hit |= q & near
                     known |= ~np.isnan(w)
                 if qw is not None:
-                    hit |= qw >= 15.0
+                    hit |= qw >= HELD_QUEUE_S
                     known |= ~np.isnan(qw)
                 if pre is not None:
-                    floor = 1e-4 if rr is None else np.where(np.isnan(rr), 1e-4, np.maximum(1e-4, 0.05 * rr))
+                    floor = np.full(shape, PREEMPTION_FLOOR) if rr is None else np.fmax(
+                        PREEMPTION_FLOOR, BURST_SHARE * np.nan_to_num(rr, nan=0.0))
                     hit |= pre > floor
                     known |= ~np.isnan(pre)
                 m = np.where(hit, 1.0, np.where(known, 0.0, np.nan))
