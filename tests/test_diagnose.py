@@ -1210,3 +1210,35 @@ rules:
         (r,) = diagnose([target], data, rules, params, reference=reference)
         (check,) = [c for c in r.checks if c.rule_id == "masked-seen"]
         assert check.verdict is Verdict.MATCHED, (reference, check)
+
+
+_TGI_NAMES = frozenset({"tgi_queue_size", "tgi_batch_current_size", "tgi_batch_current_max_tokens",
+                        "tgi_batch_max_total_tokens", "tgi_request_count", "tgi_request_success",
+                        "tgi_request_failure", "tgi_request_queue_duration_count",
+                        "tgi_request_queue_duration_sum", "tgi_request_queue_duration_bucket"})
+
+
+@pytest.mark.parametrize(("target", "aborts_counted_as_finished"), [
+    (Target(TargetKey("tgi", "t"), "tgi", "tgi", "m", names=_TGI_NAMES), False),
+    (Target(TargetKey("vllm", "v"), "vllm-v1", "vllm", "m"), True),
+])
+def test_progress_subtracts_aborts_only_where_the_request_counter_counts_them(
+    target: Target, aborts_counted_as_finished: bool
+) -> None:
+    """Corpus 41 42 (rnd-42-072, TGI without its token histograms): 48 requests pinned in the
+    batch, ~6,000 waiting, 11 requests/s completing and 22/s cancelled by clients tired of
+    the queue. TGI's ``tgi_request_success`` counts successes only (failures are
+    ``tgi_request_failure``), so completions are its rate as is; taking the cancellations out
+    of it a second time left no progress at all and read a working, batch-limited engine
+    `stalled`. vLLM's ``request_success_total`` counts aborted requests as finished: there the
+    same numbers are clients giving up on a wedged engine."""
+    sigs = base(kv_usage=0.06 + 0.01 * np.sin(GRID / 50), running=const(48),
+                waiting=6000 + 60 * np.sin(GRID / 70), request_rate=const(11.0), abort_rate=const(22.0))
+    del sigs[Signal.GEN_TPS], sigs[Signal.PROMPT_TPS], sigs[Signal.PREEMPTIONS], sigs[Signal.TTFT_P50]
+    del sigs[Signal.TTFT_P99], sigs[Signal.TTFT_MEAN]
+    r = _diagnose_as(target, sigs)
+    cause = r.primary.cause if r.primary else None
+    if aborts_counted_as_finished:
+        assert (r.state, cause) == (FailureMode.IDLE, "stalled"), r.primary
+    else:
+        assert (r.state, cause) == (FailureMode.IDLE, "batch_limited"), r.primary

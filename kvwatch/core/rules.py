@@ -44,7 +44,8 @@ DERIVED_SIGNALS: dict[str, str] = {
     "ttft_tail_ratio": "ttft_p99 / ttft_p50",
     "running_vs_cap": "running / max_running",
     "running_vs_cap_queued": "running / max_running except where nobody waits (waiting < 0.5: a gap); no waiting: every sample",
-    "completion_rate": "request_rate - abort_rate (abort_rate absent: 0), requests/s that completed",
+    "completion_rate": "request_rate - abort_rate (abort_rate absent: 0; request_rate as is where the engine's "
+                       "counter holds successes only, TGI and Triton), requests/s that completed",
     "running_queued": "running except where nobody waits (waiting < 0.5: a gap); no waiting: every sample",
     "queue_wait": "waiting / request_rate, s: Little's-law time in queue (0 with nobody waiting; a gap while nothing finishes)",
     "kv_queued": "kv_usage at the samples where requests waited (waiting >= 1), a gap elsewhere",

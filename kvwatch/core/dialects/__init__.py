@@ -31,6 +31,7 @@ from kvwatch.core.dialects.model import (
 from kvwatch.core.dialects.table import (
     DIALECT_BY_ID,
     DIALECTS,
+    aborts_count_as_finished,
     all_names,
     kv_proxy,
     resolve,
@@ -55,6 +56,7 @@ __all__ = [
     "Render",
     "Source",
     "SourceKind",
+    "aborts_count_as_finished",
     "all_names",
     "kv_proxy",
     "resolve",

@@ -110,6 +110,11 @@ class Source:
     note: str = ""
     proxy: str = ""
     counts_prefill: bool = False
+    #: for a finished-requests counter: whether aborted (cancelled, failed) requests count as
+    #: finished in it (vLLM's ``request_success_total{finished_reason="abort"}``), so progress is
+    #: this rate minus the abort rate; False where the counter holds successes only (TGI's
+    #: ``tgi_request_success``, Triton's ``nv_inference_request_success``: failures counted apart)
+    counts_aborted: bool = True
     #: for a fallback: how it yields the signal in the signal's one unit (e.g. tokens/s from
     #: decode requests per iteration x iterations per second); shown by explain/check
     estimate: str = ""

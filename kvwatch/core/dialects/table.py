@@ -191,6 +191,14 @@ def waiting_is_estimate(target: Target) -> bool:
     return src is not None and bool(src.estimate)
 
 
+def aborts_count_as_finished(target: Target) -> bool:
+    """Whether a target's finished-requests counter (``request_rate``) counts aborted requests
+    too, so its progress is that rate minus ``abort_rate`` (True where it has no such counter:
+    nothing is subtracted from nothing)."""
+    src = resolve(target).get(Signal.REQUEST_RATE)
+    return src is None or src.counts_aborted
+
+
 def waiting_counts_prefill(dialect_id: str) -> bool:
     """Whether a dialect's waiting gauge also counts requests in prefill (until their first token)."""
     d = DIALECT_BY_ID.get(dialect_id)

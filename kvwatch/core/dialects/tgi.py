@@ -39,7 +39,7 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
             # first success, so a router that received requests and finished none reads 0, not blind
             Signal.REQUEST_RATE: tuple(
                 Source(C, f"tgi_request_success{c}", agg="sum", lazy_anchor=f"tgi_request_count{c}",
-                       note="requests completed successfully")
+                       counts_aborted=False, note="requests completed successfully")
                 for c in ("", "_total")
             ),
             # created at the first failure; the request counter's spelling says which name it will have

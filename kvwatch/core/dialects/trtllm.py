@@ -97,8 +97,8 @@ TRITON_SOURCES = merge_sources(
             _per_iteration("total_context_tokens", "context tokens per iteration x iterations/s = tokens/s"),
         ),
         Signal.REQUEST_RATE: (
-            Source(C, "nv_inference_request_success", agg="sum", triton_core=True),
-            Source(C, "nv_inference_count", agg="sum", triton_core=True,
+            Source(C, "nv_inference_request_success", agg="sum", triton_core=True, counts_aborted=False),
+            Source(C, "nv_inference_count", agg="sum", triton_core=True, counts_aborted=False,
                    estimate="inferences/s (one per request for LLM models)"),
         ),
         Signal.ABORT_RATE: Source(C, "nv_inference_request_failure", agg="sum", triton_core=True),
@@ -117,7 +117,8 @@ TRITON_SOURCES = merge_sources(
 #: Triton with the Python LLM-API backend: only Triton core metrics, none of the executor's.
 TRITON_LLMAPI_SOURCES = merge_sources(
     {
-        Signal.REQUEST_RATE: Source(C, "nv_inference_request_success", agg="sum", triton_core=True),
+        Signal.REQUEST_RATE: Source(C, "nv_inference_request_success", agg="sum", triton_core=True,
+                                    counts_aborted=False),
         Signal.ABORT_RATE: Source(C, "nv_inference_request_failure", agg="sum", triton_core=True),
     },
 )

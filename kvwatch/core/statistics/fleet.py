@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvwatch.core.bounds import clamped
+from kvwatch.core.dialects import aborts_count_as_finished
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import TargetKey
 from kvwatch.core.signals import Signal
@@ -76,10 +77,17 @@ class FleetStats:
                 with np.errstate(divide="ignore", invalid="ignore"):
                     m = np.where(b > 0, a / b, np.nan)
         elif name == "completion_rate":
-            # progress where tokens are not counted: engines count an aborted request (a client
-            # that gave up on a wedged engine) as finished, so aborts are taken out
+            # progress where tokens are not counted: most engines count an aborted request (a
+            # client that gave up on a wedged engine) as finished, so aborts are taken out there;
+            # a counter of successes only (TGI, Triton) already left them out
             a, b = self.matrix("request_rate"), self.matrix("abort_rate")
-            m = None if a is None else a if b is None else np.maximum(a - np.where(np.isnan(b), 0.0, b), 0.0)
+            m = None
+            if a is not None:
+                m = a
+                if b is not None:
+                    counted = np.array([aborts_count_as_finished(self.data.targets[k]) if k in self.data.targets
+                                        else True for k in self.keys]).reshape(-1, 1)
+                    m = np.where(counted, np.maximum(a - np.where(np.isnan(b), 0.0, b), 0.0), a)
         elif name == "running_queued":
             # running where requests wait: a max_num_seqs ceiling holds running at the cap whenever
             # somebody waits, so running above today's ceiling earlier *with a queue* says the
