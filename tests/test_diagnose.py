@@ -1242,3 +1242,31 @@ def test_progress_subtracts_aborts_only_where_the_request_counter_counts_them(
         assert (r.state, cause) == (FailureMode.IDLE, "stalled"), r.primary
     else:
         assert (r.state, cause) == (FailureMode.IDLE, "batch_limited"), r.primary
+
+
+@pytest.mark.parametrize(("drained_s", "kv_after", "state"), [
+    (90.0, (0.94, 0.94, 0.61), FailureMode.FULL),  # the queue drained 90 s ago, the pool still pinned a minute ago
+    (240.0, (0.55,) * 8, FailureMode.HEALTHY),  # drained 4 minutes ago and the pool at half: over
+    (90.0, (0.5, 0.45, 0.4), FailureMode.HEALTHY),  # drained 90 s ago and the pool already half empty
+])
+def test_a_full_pool_whose_queue_just_drained_stays_full_while_it_is_still_pinned(
+    drained_s: float, kv_after: tuple[float, ...], state: FailureMode
+) -> None:
+    """Held-out corpus 91 92 (rnd-92-062, LMDeploy, 6 variants read healthy): 20 minutes pinned at
+    99 % with 100-400 requests queued; the queue emptied in the last 90 s while the pool was
+    still at 94 %. LMDeploy exports no preemption counter, so the evictions that keep such a
+    pool full are invisible, and two empty scrapes were read as a recovery: a persistent
+    queue called healthy. A queue gone for two minutes, or a pool that has left the full
+    line, is the recovery."""
+    minutes = (GRID - GRID[0]) / 60
+    loaded = minutes >= 5
+    empty = int(drained_s // STEP)
+    waiting = np.where(loaded, 200 + 100 * np.sin(GRID / 100), 0.0)
+    waiting[-empty:] = 0.0
+    usage = np.where(loaded, 0.99, 0.25)
+    usage[-len(kv_after):] = kv_after
+    sigs = base(kv_usage=usage, waiting=waiting, running=np.where(loaded, 44.0, 12.0),
+                request_rate=const(1.7), queue_mean=np.where(loaded, 120.0, 0.0))
+    del sigs[Signal.PREEMPTIONS]
+    r = run({"t": sigs})["t"]
+    assert r.state is state, r.primary
