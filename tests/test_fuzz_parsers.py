@@ -297,3 +297,82 @@ def test_to_grid_keeps_non_finite_as_missing(vals: list[float]) -> None:
 def test_prometheus_truncated_bodies(body: bytes) -> None:
     with pytest.raises(PrometheusError):
         _client(200, body).range("up", AT, AT, 30)
+
+
+def _json_decoded(body: bytes) -> list[tuple[Any, np.ndarray | None]] | None:
+    """What the json path makes of a matrix body: (labels, points as _points reads them) per series."""
+    from kvwatch.core.collect import _points
+
+    try:
+        doc = json.loads(body)
+        result = doc["data"]["result"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(result, list):
+        return None
+    return [(r.get("metric"), _points(r.get("values"))) for r in result if isinstance(r, dict)]
+
+
+def _agrees_with_json(body: bytes) -> bool:
+    """decode_matrix either declines (None) or returns exactly what json.loads gives."""
+    fast = decode_matrix(body)
+    if fast is None:
+        return True
+    want = _json_decoded(body)
+    assert want is not None, body
+    assert [m for m, _ in want] == [r["metric"] for r in fast]
+    for got, (_, exp) in zip(fast, want, strict=True):
+        assert exp is not None
+        np.testing.assert_array_equal(got["values"], exp)
+        assert got["values"].dtype == np.float64 and got["values"].shape == exp.shape
+    return True
+
+
+awkward_labels = st.dictionaries(
+    st.sampled_from(["job", "instance", "le", "metric", "values", "x"]),
+    st.sampled_from(['{"metric":', ',"values":[', "]]},", "[", "]", '"', "\\", "a", "", "1.0"]), max_size=4)
+many_series = st.lists(
+    st.fixed_dictionaries({
+        "metric": awkward_labels,
+        "values": st.lists(st.tuples(st.integers(1_700_000_000, 1_700_000_600), finite_or_not), min_size=1,
+                           max_size=5, unique_by=lambda p: p[0]),
+    }),
+    min_size=1, max_size=6,
+)
+
+
+def _wire(rows: list[dict[str, Any]]) -> bytes:
+    wire = [{"metric": r["metric"], "values": [[t, _prom_num(v)] for t, v in r["values"]]} for r in rows]
+    return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": wire}},
+                      separators=(",", ":")).encode()
+
+
+@FUZZ
+@given(rows=many_series)
+def test_fast_matrix_decoder_awkward_labels(rows: list[dict[str, Any]]) -> None:
+    """Labels that spell the decoder's markers (a label named ``metric``, values with brackets):
+    the fast path declines or agrees with json, never misreads; plain labels take the fast path."""
+    body = _wire(rows)
+    assert _agrees_with_json(body)
+    if all(set(r["metric"]) <= {"job", "instance", "le", "x"} for r in rows):
+        assert decode_matrix(body) is not None
+
+
+@FUZZ
+@given(rows=many_series, cuts=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 3),
+                                                   st.sampled_from(list(b'[]{},":0.NI\n'))), min_size=1, max_size=3))
+def test_fast_matrix_decoder_mutated_bodies(rows: list[dict[str, Any]], cuts: list[tuple[int, int, int]]) -> None:
+    """A body damaged near its structure (bytes deleted, inserted, replaced) is declined or
+    decoded exactly as json decodes it (when json can)."""
+    body = bytearray(_wire(rows))
+    for pos, op, byte in cuts:
+        i = pos % len(body)
+        if op == 0:
+            del body[i]
+        elif op == 1:
+            body.insert(i, byte)
+        else:
+            body[i] = byte
+    fast = decode_matrix(bytes(body))
+    if fast is not None and _json_decoded(bytes(body)) is not None:
+        assert _agrees_with_json(bytes(body))

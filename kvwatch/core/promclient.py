@@ -61,7 +61,8 @@ def decode_matrix(body: bytes) -> list[Series] | None:
     sample pairs are parsed by numpy in one call. Inside JSON strings every ``"`` is
     escaped, so the structural markers ``{"metric":`` and ``,"values":[`` cannot occur
     within label values. Anything unexpected (warnings, native histograms, a count that
-    does not add up) returns ``None`` and the caller falls back to ``json.loads``.
+    does not add up, a sample value holding a bracket or quote) returns ``None`` and the
+    caller falls back to ``json.loads``.
     """
     if not body.startswith(_MATRIX_PREFIX) or b'"histograms"' in body:
         return None
@@ -93,9 +94,15 @@ def decode_matrix(body: bytes) -> list[Series] | None:
         return None
     if len(metrics) != len(labels) or not all(isinstance(m, dict) for m in metrics):
         return None  # a label object that was not one object (cannot happen in a valid answer)
-    # one "ts,value" line per sample, parsed by pandas' C reader (~5x json.loads + float())
-    text = b"],[".join(blocks).replace(b"],[", b"\n").translate(None, b'[]"')
+    joined = b"],[".join(blocks)
     total = sum(counts)
+    # brackets and quotes only where the structure puts them: deleting them below must not
+    # turn a malformed sample ("[1") into a number json would not read
+    seps = len(blocks) - 1  # each join adds one "[" and one "]"
+    if joined.count(b"[") != total + seps or joined.count(b"]") != total + seps or joined.count(b'"') != 2 * total:
+        return None
+    # one "ts,value" line per sample, parsed by pandas' C reader (~5x json.loads + float())
+    text = joined.replace(b"],[", b"\n").translate(None, b'[]"')
     if text.count(b",") != total or text.count(b"\n") != total - 1:
         return None
     try:
