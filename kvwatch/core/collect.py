@@ -10,12 +10,15 @@ through ``histogram_quantile`` over ``le``.
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 
@@ -405,6 +408,43 @@ def ceilings_of(layouts: Mapping[TargetKey, Mapping[Signal, tuple[float, ...]]])
     return {k: {s: les[-1] for s, les in sigs.items() if les} for k, sigs in layouts.items()}
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block (reference counting still frees
+    every object as soon as it is unused; only reference cycles wait until after the block).
+
+    Collection allocates a container per decoded series (~20,000 per steady cycle at 1,000
+    targets, ~100,000 at 5,000) that all stay alive until placed. Each allocation burst made
+    the collector re-traverse them — and, about once per cycle, every long-lived object of the
+    process (~140,000) — while creating no reference cycle to find: ~0.1 s of CPU per steady
+    cycle at 1,000 targets, measured. The switch is process-wide: the block re-enables only
+    what it disabled itself (a caller that turned collection off keeps it off; two threads
+    collecting at once end with it on).
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _gc_paused_call(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``fn`` run inside :func:`gc_paused`."""
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with gc_paused():
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@_gc_paused_call
 def collect(
     client: QueryClient,
     targets: list[Target],
