@@ -76,3 +76,23 @@ def test_nested_pauses_re_enable_only_what_they_disabled() -> None:
             assert not gc.isenabled()
         assert not gc.isenabled(), "the inner block found it off and leaves it off"
     assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("gc_restored")
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_service_cycle_runs_with_the_gc_paused(monkeypatch: pytest.MonkeyPatch, enabled: bool) -> None:
+    """The incremental evaluator pauses the cyclic GC for the whole cycle (collection and
+    diagnosis) and leaves it as it found it."""
+    import kvwatch.service.incremental as incremental
+
+    seen: list[bool] = []
+
+    def counted(*args: Any, **kwargs: Any) -> str:
+        seen.append(gc.isenabled())
+        return "evaluation"
+
+    monkeypatch.setattr(incremental, "counted", counted)
+    (gc.enable if enabled else gc.disable)()
+    assert incremental.IncrementalEvaluator()(None, None, None, AT) == "evaluation"  # type: ignore[arg-type]
+    assert seen == [False]
+    assert gc.isenabled() is enabled
