@@ -347,7 +347,7 @@ def test_explain_cli_shows_every_rule_condition_and_outcome(prom_fleet: Fleet) -
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert out.startswith("kvwatch explain vllm-0.33/vllm-0.33-full:8000")
-    assert "state: full" in out and "full-kv-pressure (full): matched — 5 of 5 conditions met" in out
+    assert "state: full" in out and "full-kv-pressure (full): matched — 6 of 6 conditions met" in out
     assert "✓ kv_usage.p10 over 10m: 0.9" in out and "idle-stalled (idle, stalled): not matched" in out
     tri = run_cli("explain", "trtllm-triton-healthy:8000", "--prometheus-url", prom_fleet.url,
                   "--at", prom_fleet.at_text, "--format", "json")

@@ -413,12 +413,12 @@ def test_explain_lists_every_condition_and_the_near_miss() -> None:
     assert r.state is not FailureMode.FULL
     ev = Evaluation(evaluated_at=datetime.fromtimestamp(AT, tz=UTC), results=(r,), window_s=WINDOW)
     text = explain_text(r, ev)
-    assert "full-kv-pressure (full): not matched — 4 of 5 conditions met; near miss: kv_usage.p10 over 10m: 0.56" in text
+    assert "full-kv-pressure (full): not matched — 5 of 6 conditions met; near miss: kv_usage.p10 over 10m: 0.56" in text
     assert "✓ waiting.frac_above(0.5) over 10m: 1 >= 0.6 → met" in text
     assert all(f"{rule.id} (" in text for rule in RULES.rules)  # every rule, decided or not
     doc = explain_json(r)
     full = next(x for x in doc["rules"] if x["rule"] == "full-kv-pressure")
-    assert (full["conditions_met"], full["conditions"]) == (4, 5)
+    assert (full["conditions_met"], full["conditions"]) == (5, 6)
     p10 = next(c for c in full["checks"] if c["stat"] == "p10")
     assert p10["outcome"] == "not_met" and p10["near_miss"] and p10["threshold"] == 0.6
     # without explain nothing extra is recorded (the fleet-wide path stays cheap)
@@ -1323,3 +1323,18 @@ def test_a_limit_that_binds_all_along_is_not_an_oscillation_whatever_one_sample_
     r = run({"t": sigs})["t"]
     assert (r.state, (r.primary.cause if r.primary else None) or None) == (mode, cause), [
         (d.mode, d.rule_id) for d in r.diagnoses]
+
+
+@pytest.mark.parametrize("counted", ["tokens", "requests"])
+def test_a_wedged_engine_on_a_full_pool_is_stalled_not_full(counted: str) -> None:
+    """A scheduler that hangs with its pool at 95 % and 500 requests waiting produces no token
+    (or, where tokens are not counted, completes no request) for the whole window. Full's
+    signature is demand the pool cannot hold while the engine serves what it holds; a pool
+    that serves nothing is wedged, and full's triage (shorter contexts, more KV) would send the
+    on-call the wrong way: the verdict is idle (stalled), restart first."""
+    sigs = base(kv_usage=const(0.95), waiting=const(500), running=const(40), gen_tps=const(0.0),
+                prompt_tps=const(0.0), request_rate=const(0.0))
+    if counted == "requests":
+        del sigs[Signal.GEN_TPS], sigs[Signal.PROMPT_TPS]
+    r = run({"t": sigs})["t"]
+    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "stalled"), r.primary
