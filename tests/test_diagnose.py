@@ -1338,3 +1338,18 @@ def test_a_wedged_engine_on_a_full_pool_is_stalled_not_full(counted: str) -> Non
         del sigs[Signal.GEN_TPS], sigs[Signal.PROMPT_TPS]
     r = run({"t": sigs})["t"]
     assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "stalled"), r.primary
+
+
+def test_a_pool_pinned_most_of_the_window_that_drains_to_empty_at_each_trough_is_oscillating() -> None:
+    """Corpus 23 24 (rnd-23-065, vLLM 0.33): arrivals swing every ~7.5 minutes to 2.4x capacity;
+    the pool sits at 99 % with 1,000-2,900 queued for 85 % of the window and drains to empty
+    (KV 0-1 %, the batch 2-5, nobody waiting) for a minute at each trough. Pinned as long as
+    a binding limit, but each trough is a real drain, pool and batch: an oscillation, not a
+    limit binding all along (the one-sample dips of a pool that stays above half are)."""
+    kv = [0.99] * 9 + [0.09, 0.0] + [0.99] * 13 + [0.6, 0.01, 0.6] + [0.99] * 13 + [0.0, 0.01] + [0.99] * 14 + \
+        [0.01, 0.49, 0.99, 0.99, 0.99]
+    running = np.where(np.array(kv) < 0.1, 3.0, np.where(np.array(kv) < 0.9, 220.0, 380.0))
+    waiting = np.where(np.array(kv) < 0.9, 0.0, 1800 + 900 * np.sin(GRID / 60))
+    sigs = base(kv_usage=np.array(kv), running=running, waiting=waiting, request_rate=10 + np.sin(GRID / 70))
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
