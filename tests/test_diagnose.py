@@ -1353,3 +1353,41 @@ def test_a_pool_pinned_most_of_the_window_that_drains_to_empty_at_each_trough_is
     sigs = base(kv_usage=np.array(kv), running=running, waiting=waiting, request_rate=10 + np.sin(GRID / 70))
     r = run({"t": sigs})["t"]
     assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+
+
+_TGI_NO_KV = Target(TargetKey("tgi", "nokv"), "tgi", "tgi", "m",
+                    names=_TGI_NAMES - {"tgi_batch_current_max_tokens", "tgi_batch_max_total_tokens"})
+
+
+def test_a_wedged_engine_without_a_kv_gauge_is_stalled_not_a_blind_spot() -> None:
+    """Corpora 51 52, 71 72, 91 92, 97 98 (TGI and Dynamo frontends, no-capacity variants: TGI's KV
+    proxy divides by ``tgi_batch_max_total_tokens``): the router stopped producing tokens 13
+    minutes ago, 2,100 requests wait, nothing completes, clients abort. Without a KV reading
+    the target was a blind spot ("kv_usage is not exported"), yet a wedge needs no KV: no
+    mode that reads the pool can match an engine that serves nothing (full and oscillating
+    need progress now, fragmented progress over its span, misread no queue), so the stalled
+    rule decides, critical."""
+    minutes = (GRID - GRID[0]) / 60
+    wedged = minutes >= 14.5
+    sigs = base(waiting=np.where(wedged, np.minimum(2100.0, 100 * (minutes - 14)), 0.0),
+                running=const(48), gen_tps=np.where(wedged, 0.0, 600.0), prompt_tps=np.where(wedged, 0.0, 1500.0),
+                request_rate=np.where(wedged, 0.0, 3.6), abort_rate=np.where(minutes > 23, 3.5, 0.0))
+    for s in (Signal.KV_USAGE, Signal.KV_CAPACITY_TOKENS, Signal.PREEMPTIONS, Signal.TTFT_P50, Signal.TTFT_P99,
+              Signal.TTFT_MEAN):
+        del sigs[s]
+    r = _diagnose_as(_TGI_NO_KV, sigs)
+    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "stalled"), r.primary
+    assert r.primary.severity is Severity.CRITICAL
+    assert any(m.startswith("kv_usage") for m in r.missing_signals), r.missing_signals
+
+
+def test_an_engine_without_a_kv_gauge_that_serves_stays_a_blind_spot() -> None:
+    """The same router serving (tokens flowing, a short queue now and then): every mode that reads
+    the pool is undecidable, so kvwatch still says it cannot tell, naming the missing gauge."""
+    sigs = base(waiting=np.where(np.arange(N) % 9 == 0, 3.0, 0.0), running=const(30))
+    for s in (Signal.KV_USAGE, Signal.KV_CAPACITY_TOKENS, Signal.PREEMPTIONS, Signal.TTFT_P50, Signal.TTFT_P99,
+              Signal.TTFT_MEAN):
+        del sigs[s]
+    r = _diagnose_as(_TGI_NO_KV, sigs)
+    assert r.state is FailureMode.UNKNOWN and r.primary.rule_id == "blind-spot", r.primary
+    assert "kv_usage" in r.primary.summary

@@ -118,10 +118,11 @@ def _rule_check(
                      (result is None and points) or uncovered, tuple(conditions), tuple(parts))
 
 
-def covered_s(view: TargetView, span_s: float) -> float:
-    """Seconds of the last ``span_s`` that KV samples cover: from the first sample inside it (which
-    stands for one step) to ``at``. Gaps inside are allowed (range queries fill them from the lookback)."""
-    first = view.first_time(Signal.KV_USAGE.value, span_s)
+def covered_s(view: TargetView, span_s: float, signal: str = Signal.KV_USAGE.value) -> float:
+    """Seconds of the last ``span_s`` that ``signal``'s samples cover (KV's by default): from the
+    first sample inside it (which stands for one step) to ``at``. Gaps inside are allowed (range
+    queries fill them from the lookback)."""
+    first = view.first_time(signal, span_s)
     if first is None:
         return 0.0
     return min(span_s, view.p.at - first + view.p.step_s)
@@ -173,13 +174,16 @@ def diagnose_target(
                   if view.target.gone else
                   "KV usage was reported during the window but no engine metrics exist now (scrape failing?)")
         return blind(reason, ("kv_usage",))
-    for sig in REQUIRED_SIGNALS:
-        if sig not in sourced:
-            dialect = DIALECT_BY_ID.get(view.target.dialect)
-            return blind((dialect.blind_reason if dialect else "") or f"{sig.value} is not exported", (sig.value,))
-    if not view.stat(Signal.KV_USAGE.value, p.fresh_s, "count"):
+    # Without a KV gauge the rules are still evaluated: the modes that read the pool are
+    # undecidable, but one that needs no KV can still be established and beat them all (a
+    # wedged engine: full, oscillating and fragmented need progress, misread no queue). Any
+    # other outcome is the blind spot, never `healthy`.
+    not_exported = next((sig for sig in REQUIRED_SIGNALS if sig not in sourced), None)
+    if not_exported is None and not view.stat(Signal.KV_USAGE.value, p.fresh_s, "count"):
         return blind("no kv_usage samples in the last 5 minutes (stale or gone target)", ("kv_usage",))
-    coverage = view.stat(Signal.KV_USAGE.value, p.window_s, "coverage") or 0.0
+    # samples that say how much of a rule's span the data cover: KV's, else the queue's
+    anchor = (Signal.KV_USAGE if not_exported is None else Signal.WAITING).value
+    coverage = view.stat(anchor, p.window_s, "coverage") or 0.0
     found: list[Diagnosis] = []
     checks: list[RuleCheck] = []
     not_yet: list[str] = []
@@ -200,11 +204,11 @@ def diagnose_target(
         span = min(rule.for_, p.window_s)
         uncovered = False
         if result:
-            covered = covered_s(view, span)
+            covered = covered_s(view, span, anchor)
             if covered + p.step_s < span:  # one step of slack: the grid need not start on the span
                 # 38 s of data cannot show "pinned for 10 min": undecidable until samples cover the span
                 result, uncovered = None, True
-                unknown = {*unknown, Signal.KV_USAGE.value}
+                unknown = {*unknown, anchor}
                 not_yet.append(f"rule {rule.id} matches but samples cover only {_span(covered)} "
                                f"of its {_span(span)} `for`")
         checks.append(_rule_check(rule, result, unknown, ev.points, ev.conditions, ev.parts, uncovered))
@@ -239,6 +243,10 @@ def diagnose_target(
         # persistent (a single empty sample is not enough: the 60 s scrape that caught a drain)
         queue_frac = 0.0
     decision = decide(modes, queue_frac)
+    if not_exported is not None and decision.state in (FailureMode.UNKNOWN, FailureMode.HEALTHY):
+        dialect = DIALECT_BY_ID.get(view.target.dialect)
+        return blind((dialect.blind_reason if dialect else "") or f"{not_exported.value} is not exported",
+                     (not_exported.value,))
     blocking = decision.blocking
     if decision.state is FailureMode.UNKNOWN:
         structural = all(s not in sourced for s in blocking if s in Signal._value2member_map_)
