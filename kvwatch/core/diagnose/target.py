@@ -165,8 +165,11 @@ def diagnose_target(
         facts = facts_for(view, group)
 
     def blind(reason: str, blocking: tuple[str, ...]) -> TargetResult:
+        # no matched rule's text is shown, so the triage-only signals are no blind spot here
+        # (the same list whether or not a second pass fetched them)
+        shown = [m for m, only_matched in gaps if not only_matched]
         return TargetResult(
-            view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(missing), facts, blocking=blocking
+            view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(shown), facts, blocking=blocking
         )
 
     if view.target.dialect == "stale":
