@@ -1391,3 +1391,27 @@ def test_an_engine_without_a_kv_gauge_that_serves_stays_a_blind_spot() -> None:
     r = _diagnose_as(_TGI_NO_KV, sigs)
     assert r.state is FailureMode.UNKNOWN and r.primary.rule_id == "blind-spot", r.primary
     assert "kv_usage" in r.primary.summary
+
+
+def test_full_is_decided_on_a_pool_that_never_queued() -> None:
+    """A busy pool at 88 % that never queued in the window: "the queue drained under 2 minutes
+    ago" has no last queue to measure; that is a no (nothing drained), not an undecidable
+    condition that would leave full undecided wherever its other conditions hold."""
+    r = diagnose_one(base(kv_usage=const(0.88)), explain=True)
+    full = next(c for c in r.checks if c.rule_id == "full-kv-pressure")
+    assert full.verdict is Verdict.NOT_MATCHED and not full.unknown, full
+
+
+def test_a_queue_the_gauge_cannot_see_keeps_a_pinned_pool_full() -> None:
+    """Corpus 23 24 (rnd-24-062, trtllm-serve without its running gauges): the executor's own queue
+    gauge reads 0 all window, because the waiting requests are the active-but-unscheduled ones
+    (``num_requests_running − num_scheduled_requests``, dropped), while the pool sits at 97 %
+    and requests spend 3-9 minutes in the queue (its histogram's mean). A gauge that never saw
+    a queue cannot say the queue is gone: the queue time says it is still there, and the
+    pool is full, not healthy."""
+    minutes = (GRID - GRID[0]) / 60
+    sigs = base(kv_usage=0.96 + 0.02 * np.sin(GRID / 40), waiting=const(0.0), queue_mean=180 + 12.5 * minutes,
+                ttft_p50=const(400.0), ttft_p99=const(600.0), ttft_mean=const(420.0), request_rate=const(0.25))
+    del sigs[Signal.RUNNING]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.FULL, r.primary
