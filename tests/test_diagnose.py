@@ -1415,3 +1415,24 @@ def test_a_queue_the_gauge_cannot_see_keeps_a_pinned_pool_full() -> None:
     del sigs[Signal.RUNNING]
     r = run({"t": sigs})["t"]
     assert r.state is FailureMode.FULL, r.primary
+
+
+def test_a_cycling_pool_whose_queue_gauge_catches_single_samples_is_oscillating_by_its_queue_time() -> None:
+    """Corpus 97 98 (rnd-97-033, trtllm-serve without its running gauges, read healthy with a
+    persistent queue): the pool fills and empties every ~2.5 minutes (1-99 %), the executor's
+    queue gauge catches a queue in one sample per peak at most (the waiting requests are the
+    active-but-unscheduled ones, uncounted without those gauges), yet requests spend ~9 s in
+    the queue on average all window (its histogram). A periodic fill-and-drain with requests
+    queued for seconds is the oscillation's pressure at each peak."""
+    kv = [0.98, 0.98, 0.99, 0.75, 0.08, 0.99, 0.99, 0.98, 0.98, 0.01, 0.47, 0.99, 0.99, 0.99, 0.03, 0.09, 0.99, 0.99,
+          0.99, 0.02, 0.04, 0.98, 0.99, 0.99, 0.29, 0.01, 0.99, 0.99, 0.98, 0.99, 0.01, 0.59, 0.99, 0.99, 0.99, 0.02,
+          0.04, 0.99, 0.99, 0.99, 0.06, 0.02, 0.98, 0.98, 0.99, 0.99, 0.02, 0.99, 0.99, 0.99, 0.96, 0.02, 0.96, 0.98,
+          0.99, 0.99, 0.04, 0.2, 0.99, 0.98, 0.98]
+    waiting = const(0.0)
+    waiting[[7, 12, 18, 23, 28, 44, 49, 54]] = [28, 16, 28, 68, 118, 172, 25, 59]  # worth < 15 s at ~14/s each
+    rate = 14 + 2.5 * np.sin(2 * np.pi * np.arange(N) / 5.2)
+    sigs = base(kv_usage=np.array(kv), waiting=waiting, queue_mean=9.5 + 0.5 * np.sin(GRID / 80), ttft_p50=const(9.5),
+                ttft_p99=const(28.0), ttft_mean=const(9.8), request_rate=rate)
+    del sigs[Signal.RUNNING]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
