@@ -25,8 +25,6 @@ from kvwatch.core.statistics.registry import REGISTRY, SpanMatrix
 
 _SIGNALS: dict[str, Signal] = {s.value: s for s in Signal}
 
-
-
 #: a queue worth this many seconds of throughput (Little's law) was held, not caught between two
 #: admissions: the same 15 s as oscillating-kv-swings' ``queue_wait.episodes(15)``
 HELD_QUEUE_S = 15.0
@@ -34,6 +32,7 @@ HELD_QUEUE_S = 15.0
 PREEMPTION_FLOOR = 1e-4
 #: evictions per finishing request that make a burst rather than one preemption in the rate window
 BURST_SHARE = 0.05
+
 
 class FleetStats:
     """Lazy, memoised per-fleet statistics over spans ending at ``at`` (Unix seconds)."""
