@@ -176,3 +176,62 @@ def test_splice_equals_the_row_by_row_reference(seed: int) -> None:
             assert got.series[k][s].tobytes() == v.tobytes() and got.series[k][s].shape == v.shape
     assert (got.targets, got.ceilings, got.buckets, got.rate_window_s, got.scrape_interval_s) == (
         want.targets, want.ceilings, want.buckets, want.rate_window_s, want.scrape_interval_s)
+
+
+def _plan_reference(targets: list[Target], user: str, rw: str, lw: str | None, tm: str,
+                    signals: set[Signal] | None) -> dict[str, list[tuple[Signal, set[TargetKey], Any]]]:
+    """plan() target by target, as it was before it grouped targets by dialect and names."""
+    from collections import defaultdict
+
+    from kvwatch.core.collect import resolve
+
+    uses: dict[tuple[Signal, Any], set[TargetKey]] = defaultdict(set)
+    for t in targets:
+        for sig, src in resolve(t).items():
+            if signals is None or sig in signals:
+                uses[(sig, src)].add(t.key)
+    queries: dict[str, list[tuple[Signal, set[TargetKey], Any]]] = defaultdict(list)
+    for (sig, src), keys in uses.items():
+        queries[src.promql(user, rw, lw, tm)].append((sig, keys, src))
+    return dict(queries)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_plan_equals_the_target_by_target_reference(seed: int) -> None:
+    """plan() resolves each (dialect, metric names) once: the same queries, in the same order, with
+    the same (signal, targets, source) uses in the same order as resolving target by target, for
+    fleets mixing dialects, targets of one dialect exporting different names (fallback sources),
+    equal names under other dialects, models, gone targets and signal filters."""
+    import random
+
+    from kvwatch.core.collect import plan
+    from kvwatch.core.dialects import DIALECT_BY_ID
+
+    rng = random.Random(seed)
+    dialects = sorted(DIALECT_BY_ID)
+    pools = {d: sorted({n for srcs in DIALECT_BY_ID[d].sources.values() for s in srcs for n in s.requires})
+             for d in dialects}
+    namesets = []
+    for _ in range(rng.randint(1, 8)):
+        d = rng.choice(dialects)
+        names = frozenset(n for n in pools[d] if rng.random() < 0.8)
+        namesets.append((d, names))
+        if rng.random() < 0.3:  # the same names read by another dialect
+            namesets.append((rng.choice(dialects), names))
+    targets = []
+    for i in range(rng.randint(0, 60)):
+        d, names = rng.choice(namesets)
+        targets.append(Target(TargetKey(rng.choice(("a", "b", "")), f"10.0.0.{i}:8000"), d, "e",
+                              model=rng.choice(("", "m1", "m2")), names=names, gone=rng.random() < 0.1))
+    rng.shuffle(targets)
+    signals = None if rng.random() < 0.5 else set(rng.sample(list(Signal), rng.randint(0, len(Signal))))
+    user = rng.choice(("", 'namespace="llm"'))
+    lw = rng.choice((None, "10m"))
+    tm = rng.choice(("", "ensemble.*"))
+    want = _plan_reference(targets, user, "2m", lw, tm, signals)
+    got = plan(targets, user, "2m", lw, tm, signals)
+    assert list(got) == list(want)
+    for q in want:
+        assert [(sig, sorted(keys, key=str), src) for sig, keys, src in got[q]] == [
+            (sig, sorted(keys, key=str), src) for sig, keys, src in want[q]], q
+        assert [keys for _, keys, _ in got[q]] == [keys for _, keys, _ in want[q]]

@@ -48,11 +48,26 @@ def plan(
     ``triton_model``: regex of the Triton LLM model (empty: the models exporting ``nv_trt_llm_*``).
     ``signals`` (default: all): plan only these.
     """
-    uses: dict[tuple[Signal, Source], set[TargetKey]] = defaultdict(set)
+    # A target's sources depend only on its dialect and metric names (resolve): targets are
+    # grouped by those first (a str and a frozenset, whose hashes CPython caches), and each
+    # group's key set is merged into every (signal, source) it uses as a set, which reuses the
+    # stored hashes. Per target and signal this was a Source hash (a Python-level dataclass
+    # hash of 17 fields) and a TargetKey hash: ~17,000 of each per 1,000 targets, ~25 ms.
+    # Groups come in the order of their first target, so ``uses`` gets its keys in the same
+    # order as target by target.
+    groups: dict[tuple[str, frozenset[str]], tuple[Target, list[TargetKey]]] = {}
     for t in targets:
-        for sig, src in resolve(t).items():
+        g = groups.get((t.dialect, t.names))
+        if g is None:
+            groups[(t.dialect, t.names)] = (t, [t.key])
+        else:
+            g[1].append(t.key)
+    uses: dict[tuple[Signal, Source], set[TargetKey]] = defaultdict(set)
+    for first, keys in groups.values():
+        keyset = set(keys)
+        for sig, src in resolve(first).items():
             if signals is None or sig in signals:
-                uses[(sig, src)].add(t.key)
+                uses[(sig, src)] |= keyset
     queries: dict[str, list[tuple[Signal, set[TargetKey], Source]]] = defaultdict(list)
     for (sig, src), keys in uses.items():
         queries[src.promql(user_matchers, rate_window, latency_window, triton_model)].append((sig, keys, src))
