@@ -235,3 +235,18 @@ def test_plan_equals_the_target_by_target_reference(seed: int) -> None:
         assert [(sig, sorted(keys, key=str), src) for sig, keys, src in got[q]] == [
             (sig, sorted(keys, key=str), src) for sig, keys, src in want[q]], q
         assert [keys for _, keys, _ in got[q]] == [keys for _, keys, _ in want[q]]
+
+
+def test_target_key_hashes_and_compares_in_c() -> None:
+    """TargetKey keys most dicts and sets of a cycle (~140,000 hashes per steady 1,000-target
+    cycle): a tuple's C-level hash and equality, not a dataclass' Python-level ones; the same
+    hash as the dataclass had (set orders unchanged), fields, immutability, repr and str."""
+    k = TargetKey("vllm", "10.0.0.1:8000")
+    assert TargetKey.__hash__ is tuple.__hash__ and TargetKey.__eq__ is tuple.__eq__
+    assert hash(k) == hash(("vllm", "10.0.0.1:8000"))
+    assert k == TargetKey(job="vllm", instance="10.0.0.1:8000") and k != TargetKey("vllm", "10.0.0.2:8000")
+    assert (k.job, k.instance) == ("vllm", "10.0.0.1:8000")
+    assert repr(k) == "TargetKey(job='vllm', instance='10.0.0.1:8000')"
+    assert str(k) == "vllm/10.0.0.1:8000" and str(TargetKey("", "i:1")) == "i:1"
+    with pytest.raises(AttributeError):
+        k.job = "other"  # type: ignore[misc]

@@ -48,9 +48,15 @@ class Severity(StrEnum):
         return self.value
 
 
-@dataclass(frozen=True)
-class TargetKey:
-    """Identity of one engine instance: Prometheus ``job`` and ``instance`` labels."""
+class TargetKey(NamedTuple):
+    """Identity of one engine instance: Prometheus ``job`` and ``instance`` labels.
+
+    A named tuple, not a dataclass: it keys most of kvwatch's dicts and sets (~140,000 hashes
+    per steady 1,000-target cycle), and a tuple hashes and compares in C where a frozen
+    dataclass calls Python-level ``__hash__``/``__eq__``. Same hash (of ``(job, instance)``),
+    fields, immutability and ``repr``; it also equals a plain ``(job, instance)`` tuple, so
+    never mix the two as keys of one mapping.
+    """
 
     job: str
     instance: str

@@ -96,9 +96,9 @@ def splice(old: FleetData, new: FleetData, grid: np.ndarray, modes: Modes, hold_
     out = FleetData(grid=grid, targets=dict(new.targets), sourced=dict(new.sourced), ceilings=dict(new.ceilings),
                     buckets=dict(new.buckets),
                     rate_window_s=new.rate_window_s, scrape_interval_s=new.scrape_interval_s)
-    # one matrix per (signal, mode): a few numpy calls instead of several per row. Signal (an
-    # enum) and TargetKey (a dataclass) hash in Python, and a steady cycle splices ~13 rows per
-    # target: rows are paired through dict copies, which reuse the stored hashes
+    # one matrix per (signal, mode): a few numpy calls instead of several per row. A steady
+    # cycle splices ~13 rows per target: rows are paired through dict copies, which reuse the
+    # stored hashes
     # (dict.fromkeys(set), d.update(d2)), and each output row is written through its target's
     # dict, so a row costs one mode lookup, one group lookup and one store.
     groups: dict[tuple[Signal, str], list[tuple[dict[Signal, np.ndarray], np.ndarray | None, np.ndarray | None]]]
