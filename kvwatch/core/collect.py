@@ -40,13 +40,15 @@ def plan(
     latency_window: str | None = None,
     triton_model: str = "",
     signals: Set[Signal] | None = None,
+    fresh: bool = False,
 ) -> dict[str, list[tuple[Signal, set[TargetKey], Source]]]:
     """PromQL → the (signal, targets, source) it serves. Identical queries are sent once.
 
     ``latency_window`` (default: ``rate_window``) is the window of histogram quantiles
     and means: a tail needs more requests than a 2-minute rate holds to be stable.
     ``triton_model``: regex of the Triton LLM model (empty: the models exporting ``nv_trt_llm_*``).
-    ``signals`` (default: all): plan only these.
+    ``signals`` (default: all): plan only these. ``fresh``: gauges through
+    :func:`~kvwatch.core.dialects.model.newest_scrape` (targets with relabel leftovers).
     """
     # A target's sources depend only on its dialect and metric names (resolve): targets are
     # grouped by those first (a str and a frozenset, whose hashes CPython caches), and each
@@ -70,7 +72,8 @@ def plan(
                 uses[(sig, src)] |= keyset
     queries: dict[str, list[tuple[Signal, set[TargetKey], Source]]] = defaultdict(list)
     for (sig, src), keys in uses.items():
-        queries[src.promql(user_matchers, rate_window, latency_window, triton_model)].append((sig, keys, src))
+        queries[src.promql(user_matchers, rate_window, latency_window, triton_model, fresh=fresh)].append(
+            (sig, keys, src))
     return dict(queries)
 
 
@@ -478,6 +481,7 @@ def collect(
     layouts: Mapping[TargetKey, Mapping[Signal, tuple[float, ...]]] | None = None,
     merge_quantiles: bool = True,
     signals: Set[Signal] | None = None,
+    fresh: bool = False,
 ) -> FleetData:
     """Fetch every signal of every target over [at − window, at] on a ``step_s`` grid.
 
@@ -494,6 +498,7 @@ def collect(
     (:func:`quantile_families`); False sends each ``histogram_quantile`` to Prometheus.
     ``signals`` (default: all) fetches only these; ``sourced``, ceilings and layouts still
     cover every signal (a two-pass cycle fetches the triage-only ones later, for a few targets).
+    ``fresh``: gauges without relabel leftovers (:mod:`kvwatch.core.churn` re-reads those targets).
     """
     end = at.timestamp()
     n = int(window_s // step_s)
@@ -502,7 +507,7 @@ def collect(
     data = FleetData(grid=grid, targets={t.key: t for t in targets})
     for t in targets:
         data.sourced[t.key] = set(resolve(t))
-    queries = plan(targets, user_matchers, rate_window, latency_window, triton_model, signals)
+    queries = plan(targets, user_matchers, rate_window, latency_window, triton_model, signals, fresh)
 
     modes = query_modes(queries, range_signals, latency_window, step_s)
     if not hold_static:

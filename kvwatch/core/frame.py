@@ -50,6 +50,9 @@ class FleetData:
     rate_window_s: float = 0.0
     #: the scrape interval measured from the data, s (None: not measured)
     scrape_interval_s: float | None = None
+    #: targets whose gauges were re-read without relabel leftovers (kvwatch.core.churn);
+    #: None: not looked for
+    leftovers: frozenset[TargetKey] | None = None
 
     def values(self, key: TargetKey, signal: Signal) -> np.ndarray | None:
         return self.series.get(key, {}).get(signal)

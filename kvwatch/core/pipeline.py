@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from kvwatch.config import Settings
+from kvwatch.core.churn import find_leftovers, replace_leftovers
 from kvwatch.core.collect import (
     bucket_layouts,
     ceilings_of,
@@ -83,7 +84,7 @@ def measure_probes(client: QueryClient, settings: Settings, targets: list[Target
 def collect_targets(
     client: QueryClient, settings: Settings, rules: RuleSet, targets: list[Target], at: datetime,
     window_s: float | None = None, only_these: bool = False, probes: Probes | None = None,
-    signals: Set[Signal] | None = None,
+    signals: Set[Signal] | None = None, leftovers: frozenset[TargetKey] | None = None,
 ) -> FleetData:
     """Collect ``targets`` over ``window_s`` (default: the evaluation window) ending at ``at``.
 
@@ -92,6 +93,9 @@ def collect_targets(
     now) are the scrape interval and bucket ceilings when the caller already has them.
     ``signals`` (default: all) are the signals fetched (a cycle fetches the decision
     signals first, :func:`triage_fetch` the rest for the targets that need them).
+    Targets with leftovers of relabelled series (:mod:`kvwatch.core.churn`) get their gauges
+    re-read exactly; ``leftovers`` (default: looked for, one query per KV family) are them
+    when the caller already knows (the triage pass reuses the decision pass' finding).
     """
     ev = settings.evaluation
     matchers = _matchers(settings, targets, only_these)
@@ -118,6 +122,26 @@ def collect_targets(
         layouts=None if probes is None else probes.layouts,
         signals=signals,
     )
+    window = ev.window if window_s is None else window_s
+    if leftovers is None:  # look for them (one query per KV family), else the caller's finding
+        fresh_s = 1.5 * interval if interval else rate_s / 2.0
+        flagged = find_leftovers(client, targets, at=at, window_s=window, step_s=ev.step,
+                                 user_matchers=matchers, fresh_s=fresh_s) if targets else []
+    else:
+        flagged = [t for t in targets if t.key in leftovers]
+
+    def refetch(few: list[Target], sigs: frozenset[Signal]) -> FleetData:
+        return collect(
+            client, few, at=at, window_s=window, step_s=ev.step, rate_window=format_duration(rate_s),
+            latency_window=format_duration(latency_s), range_signals=rules.condition_signals(),
+            user_matchers=join_matchers(matchers, instances_matcher([t.key for t in few])),
+            max_concurrency=settings.prometheus.max_concurrency, triton_model=settings.discovery.triton_model,
+            ceilings=None if probes is None else probes.ceilings, layouts=None if probes is None else probes.layouts,
+            signals=sigs, fresh=True,
+        )
+
+    replace_leftovers(data, refetch, flagged, signals)
+    data.leftovers = frozenset(t.key for t in flagged)
     data.rate_window_s, data.scrape_interval_s = rate_s, interval
     return data
 
@@ -142,7 +166,7 @@ def triage_fetch(
         subset = [by_key[k] for k in keys if k in by_key]
         few = len(subset) <= TRIAGE_ALL_SHARE * len(targets)
         return collect_targets(client, settings, rules, subset, at, only_these=few, probes=probes,
-                               signals=rules.triage_signals())
+                               signals=rules.triage_signals(), leftovers=data.leftovers)
 
     return fetch
 

@@ -33,21 +33,21 @@ def dynamo_frontend_sources() -> dict[Signal, tuple[Source, ...]]:
     p = "dynamo_frontend_"
 
     def per_worker_times_workers(r: Render, per_worker: str) -> str:
-        n = f"count by ({BY}) ({r.sel(p + 'worker_active_decode_blocks')})"
+        n = f"count by ({BY}) ({r.gauge(p + 'worker_active_decode_blocks')})"
         return f"max by ({BY}) ({per_worker}) * on ({BY}) ({n})"
 
     return merge_sources(
         {
             Signal.KV_USAGE: Source(
                 X, f"{p}worker_active_decode_blocks",
-                expr=lambda r: (f"max by ({BY}) ({r.sel(p + 'worker_active_decode_blocks')}) / on ({BY}) "
-                                f"max by ({BY}) ({r.sel(p + 'model_total_kv_blocks')} > 0)"),
+                expr=lambda r: (f"max by ({BY}) ({r.gauge(p + 'worker_active_decode_blocks')}) / on ({BY}) "
+                                f"max by ({BY}) ({r.gauge(p + 'model_total_kv_blocks')} > 0)"),
                 extra_requires=(f"{p}model_total_kv_blocks",), proxy=_DYN_KV_PROXY, note="PROXY: " + _DYN_KV_PROXY,
             ),
             Signal.RUNNING: Source(
                 X, f"{p}inflight_requests",
-                expr=lambda r: (f"clamp_min(sum by ({BY}) ({r.sel(p + 'inflight_requests')}) - on ({BY}) "
-                                f"sum by ({BY}) ({r.sel(p + 'queued_requests')}), 0)"),
+                expr=lambda r: (f"clamp_min(sum by ({BY}) ({r.gauge(p + 'inflight_requests')}) - on ({BY}) "
+                                f"sum by ({BY}) ({r.gauge(p + 'queued_requests')}), 0)"),
                 extra_requires=(f"{p}queued_requests",),
                 note="in flight to the engines minus those still waiting for their first token (decoding)",
             ),

@@ -38,6 +38,26 @@ TRITON_MODEL_LABELS = ("model", "version")
 TRITON_LLM_MARKER = "nv_trt_llm_request_metrics"
 
 
+#: seconds a sample may trail its target's newest one and still come from the same scrape
+#: (one scrape stamps all its samples alike; the next one is >= one interval later)
+SAME_SCRAPE_S = 5
+
+
+def newest_scrape(vector: str) -> str:
+    """The instant gauge ``vector`` without leftovers of series the target no longer writes.
+
+    A relabelled series (a pod hash or version label after a rollout) replaces the old one.
+    A live Prometheus marks the old one stale at the next scrape, but backfilled, imported or
+    federated data may carry no staleness markers: the old series' last value then stays
+    visible for the 5-minute lookback next to the new one, and a ``sum``/``max`` over the
+    target counts both (running doubled, a KV value frozen). Per target and step this keeps
+    the series stamped within :data:`SAME_SCRAPE_S` of the target's newest sample
+    (data-parallel engines of one endpoint share its scrape). It costs a join per step, so
+    kvwatch uses it only for targets :mod:`kvwatch.core.churn` found with leftovers."""
+    ts = f"timestamp({vector})"
+    return f"({vector} and ({ts} >= on ({BY}) group_left max by ({BY}) ({ts}) - {SAME_SCRAPE_S}))"
+
+
 @dataclass(frozen=True)
 class Render:
     """What a source needs besides its own fields to render PromQL.
@@ -50,9 +70,16 @@ class Render:
     user: str
     rw: str
     triton_model: str = ""
+    fresh: bool = False  # instant gauge selectors through newest_scrape
 
     def sel(self, metric: str, extra: str = "") -> str:
         return selector(metric, extra, self.user)
+
+    def gauge(self, metric: str, extra: str = "") -> str:
+        """An instant gauge selector without stale leftovers of relabelled series (:func:`newest_scrape`),
+        or the plain selector where ``fresh`` is off."""
+        sel = self.sel(metric, extra)
+        return newest_scrape(sel) if self.fresh else sel
 
     def llm(self, vector: str, scoped: bool = True) -> str:
         """``vector`` restricted to the Triton LLM model (identity when ``scoped`` is false).
@@ -145,21 +172,24 @@ class Source:
         return f"{self.agg} by ({BY}) ({inner})"
 
     def promql(
-        self, user_matchers: str, rate_window: str, latency_window: str | None = None, triton_model: str = ""
+        self, user_matchers: str, rate_window: str, latency_window: str | None = None, triton_model: str = "",
+        *, fresh: bool = False,
     ) -> str:
         """Render the PromQL that yields this signal for every target at once.
 
         Histogram quantiles and means use ``latency_window`` when given (a stable tail
         needs more requests than a short rate window holds), counters ``rate_window``.
         ``triton_model``: regex of the Triton LLM model (empty: found by a join).
+        ``fresh``: gauges without leftovers of relabelled series (:func:`newest_scrape`).
         """
         k = self.kind
         if latency_window and k in (SourceKind.HIST_QUANTILE, SourceKind.HIST_MEAN):
             rate_window = latency_window
-        r = Render(user_matchers, rate_window, triton_model)
+        r = Render(user_matchers, rate_window, triton_model, fresh)
         scoped = self.triton_core
         if k is SourceKind.GAUGE:
-            q = self._aggregate(r.llm(self._sel("", r), scoped))
+            sel = self._sel("", r)
+            q = self._aggregate(r.llm(newest_scrape(sel) if fresh else sel, scoped))
         elif k is SourceKind.COUNTER:
             q = self._aggregate(r.llm(f"rate({self._sel('', r)}[{rate_window}])", scoped))
         elif k is SourceKind.HIST_QUANTILE:

@@ -39,7 +39,7 @@ def sglang_sources(p: str) -> dict[Signal, tuple[Source, ...]]:
         return f"sum by ({BY}) ({' + '.join(parts)})"
 
     def ratio(r: Render) -> str:
-        return f"max by ({BY}) ({r.sel(p + 'num_used_tokens', pr)} / ({r.sel(p + 'token_usage', pr)} > 0.05))"
+        return f"max by ({BY}) ({r.gauge(p + 'num_used_tokens', pr)} / ({r.gauge(p + 'token_usage', pr)} > 0.05))"
 
     return merge_sources(
         {

@@ -20,8 +20,8 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
         {
             Signal.KV_USAGE: Source(
                 X, "tgi_batch_current_max_tokens",
-                expr=lambda r: (f"max by ({BY}) ({r.sel('tgi_batch_current_max_tokens')}) / on ({BY}) "
-                                f"max by ({BY}) ({r.sel('tgi_batch_max_total_tokens')} > 0)"),
+                expr=lambda r: (f"max by ({BY}) ({r.gauge('tgi_batch_current_max_tokens')}) / on ({BY}) "
+                                f"max by ({BY}) ({r.gauge('tgi_batch_max_total_tokens')} > 0)"),
                 extra_requires=("tgi_batch_max_total_tokens",), proxy=_TGI_KV_PROXY,
                 note="PROXY: " + _TGI_KV_PROXY,
             ),

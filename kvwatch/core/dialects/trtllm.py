@@ -27,9 +27,9 @@ _IGNORE = "inflight_batcher_specific_metric, general_type"
 
 
 def _triton_waiting(r: Render) -> str:
-    pending = r.llm(r.sel("nv_inference_pending_request_count",
+    pending = r.llm(r.gauge("nv_inference_pending_request_count",
                           f'model=~"{r.triton_model}"' if r.triton_model else ""))
-    return f"sum by ({BY}) ({r.sel(_TR, _WAITING)}) + on ({BY}) sum by ({BY}) ({pending})"
+    return f"sum by ({BY}) ({r.gauge(_TR, _WAITING)}) + on ({BY}) sum by ({BY}) ({pending})"
 
 
 def _triton_preemptions(r: Render) -> str:
@@ -176,9 +176,9 @@ def trtllm_serve_sources(p: str, m: str) -> dict[Signal, tuple[Source, ...]]:
                     X,
                     f"{p}num_requests_waiting",
                     expr=lambda r: (
-                        f"sum by ({BY}) ({r.sel(p + 'num_requests_waiting')}) + on ({BY}) "
-                        f"clamp_min(sum by ({BY}) ({r.sel(p + 'num_requests_running')}) - on ({BY}) "
-                        f"sum by ({BY}) ({r.sel(p + 'num_scheduled_requests')}), 0)"
+                        f"sum by ({BY}) ({r.gauge(p + 'num_requests_waiting')}) + on ({BY}) "
+                        f"clamp_min(sum by ({BY}) ({r.gauge(p + 'num_requests_running')}) - on ({BY}) "
+                        f"sum by ({BY}) ({r.gauge(p + 'num_scheduled_requests')}), 0)"
                     ),
                     extra_requires=(f"{p}num_requests_running", f"{p}num_scheduled_requests"),
                     note="executor queue + active-but-unscheduled",
