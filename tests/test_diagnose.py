@@ -1436,3 +1436,27 @@ def test_a_cycling_pool_whose_queue_gauge_catches_single_samples_is_oscillating_
     del sigs[Signal.RUNNING]
     r = run({"t": sigs})["t"]
     assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+
+
+def test_a_nearly_empty_pool_whose_few_requests_come_and_go_is_not_oscillating() -> None:
+    """Corpus 61 62 (rnd-62-004, Dynamo frontend, compute-bound at 0.1 requests/s, read
+    oscillating in 4 variants; 23 24 rnd-23-010 and 15 16 rnd-16-025 alike): KV 1-8 % and
+    running 2-17 of 1,024 "fill and drain" relative to their own small peaks, and slow
+    prefills (TTFT p50 ~3.5 s) queue a few requests now and then. Peaks that reach no limit
+    (the pool never half full, the batch never at a ceiling) are no oscillation."""
+    kv = [0.045, 0.081, 0.065, 0.057, 0.06, 0.035, 0.049, 0.054, 0.049, 0.052, 0.053, 0.044, 0.045, 0.027, 0.024,
+          0.061, 0.061, 0.048, 0.066, 0.08, 0.046, 0.04, 0.044, 0.041, 0.043, 0.026, 0.031, 0.033, 0.063, 0.068,
+          0.057, 0.081, 0.058, 0.032, 0.018, 0.038, 0.042, 0.067, 0.064, 0.067, 0.06, 0.026, 0.02, 0.045, 0.06,
+          0.055, 0.065, 0.07, 0.08, 0.074, 0.07, 0.064, 0.039, 0.031, 0.054, 0.053, 0.061, 0.072, 0.051, 0.039, 0.01]
+    running = [7, 12, 12, 13, 12, 6, 9, 10, 12, 12, 11, 9, 9, 6, 5, 10, 13, 10, 13, 14, 9, 7, 7, 8, 6, 4, 5, 7, 13,
+               12, 11, 17, 12, 7, 4, 7, 10, 15, 12, 12, 13, 6, 5, 8, 11, 11, 15, 14, 14, 13, 14, 13, 8, 6, 8, 9, 10,
+               14, 11, 8, 2]
+    waiting = [1, 3, 1, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 1, 2, 0, 0, 1, 0, 1, 0, 1, 0, 0, 1, 0, 0, 0, 0,
+               0, 2, 0, 0, 2, 2, 0, 0, 0, 2, 1, 0, 0, 0, 2, 1, 0, 0, 0, 0, 2, 0, 2, 0, 0, 0, 0]
+    p99 = np.repeat([34.0, 19.0, 18.6, 9.4, 16.0], [4, 32, 0, 20, 5])
+    sigs = base(kv_usage=np.array(kv), running=np.array(running, dtype=float), waiting=np.array(waiting, dtype=float),
+                max_running=const(1024), request_rate=0.1 + 0.04 * np.sin(GRID / 90), gen_tps=const(14.0),
+                ttft_p50=const(3.6), ttft_mean=const(4.5), ttft_p99=p99)
+    r = _frontend(sigs)
+    assert r.state is not FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+    assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "compute_bound"), r.primary
