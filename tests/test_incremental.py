@@ -299,3 +299,33 @@ def test_two_pass_cycle_equals_one_pass_over_every_signal(live: str) -> None:
     got_flagged = [r for r in got.results if r.target in flagged]
     assert any(not any(m.startswith(("itl_p99 (no", "tpot_p99 (no")) for m in r.missing_signals)
                for r in got_flagged), "some flagged target's triage signals hold data"
+
+
+class _Recording(PromClient):
+    """A PromClient that keeps every range query it sends."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, timeout_s=30)
+        self.sent: list[str] = []
+
+    def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list:  # type: ignore[override]
+        self.sent.append(query)
+        return super().range(query, start, end, step_s)
+
+
+def test_a_steady_cycle_probes_for_relabel_leftovers_once(live: str) -> None:
+    """The relabel-leftover probe (kvwatch/core/churn.py) runs once per KV family in a steady
+    cycle, and the spliced window carries what it found: the triage pass reads its signals at
+    the instant, inside the span just probed, and reuses that finding instead of probing again
+    (a finding kept from an older cycle would be stale)."""
+    settings, rules = _settings(live), load_ruleset()
+    inc = IncrementalEvaluator()
+    inc(PromClient(live, timeout_s=30), settings, rules, _past_instant(live, 10))
+    time.sleep(2 * STEP)
+    client = _Recording(live)
+    inc(client, settings, rules, datetime.fromtimestamp(math.floor((time.time() - 2.5) / STEP) * STEP, tz=UTC))
+    assert inc.last_mode == "incremental", inc.last_mode
+    assert inc.data is not None and inc.data.leftovers == frozenset()  # probed this cycle: none
+    probes = [q for q in client.sent if "last_over_time(" in q and "@ end()" in q]
+    families = {re.search(r"count by \(job, instance\) \((\w[^{]*)", q).group(1) for q in probes}  # type: ignore[union-attr]
+    assert probes and len(probes) == len(families), probes
