@@ -33,6 +33,7 @@ from kvwatch.core.pipeline import collect_targets
 from kvwatch.core.promclient import PromClient
 from kvwatch.core.rules import load_ruleset
 from kvwatch.core.signals import Signal
+from kvwatch.errors import PrometheusBadResponse, PrometheusTimeout, PrometheusUnreachable
 
 pytestmark = [pytest.mark.prometheus]
 
@@ -130,3 +131,26 @@ def test_victoriametrics_reads_the_churned_twin_alike(store: Store) -> None:
                 want, got = data.values(plain.key, sig), data.values(churned.key, sig)
                 assert np.isfinite(want).mean() > 0.9, (dialect, sig, want)
                 assert np.allclose(want, got, equal_nan=True), (dialect, sig.value, want, got)
+
+
+@pytest.mark.parametrize("error", [PrometheusBadResponse("http://p", "422: too many samples"), PrometheusTimeout("http://p", "probe: 30 s")])
+def test_a_store_that_refuses_the_probe_is_read_as_before(store: Store, error: Exception) -> None:
+    """A long-term store without ``@``, a sample limit or a slow probe: no leftover is found and
+    the gauges are read as before; an unreachable store still fails the cycle."""
+    _, sel, (churned, plain) = _pair(store, "vllm-0.33")
+
+    class Refusing(PromClient):
+        def __init__(self, exc: Exception) -> None:
+            super().__init__(store.url, timeout_s=30)
+            self.exc = exc
+
+        def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list:  # type: ignore[override]
+            if "@ end()" in query:
+                raise self.exc
+            return super().range(query, start, end, step_s)
+
+    assert find_leftovers(Refusing(error), [churned, plain], at=store.at, window_s=1800.0, step_s=30.0,
+                          user_matchers=sel, fresh_s=1.5 * INTERVAL) == []
+    with pytest.raises(PrometheusUnreachable):
+        find_leftovers(Refusing(PrometheusUnreachable("http://p", "down")), [churned, plain], at=store.at, window_s=1800.0,
+                       step_s=30.0, user_matchers=sel, fresh_s=1.5 * INTERVAL)

@@ -30,7 +30,7 @@ from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.signals import Signal
 from kvwatch.durations import format_duration
-from kvwatch.errors import PrometheusBadResponse
+from kvwatch.errors import PrometheusBadResponse, PrometheusTimeout
 
 #: the family whose series count tells a target's leftovers (every engine exports one of them)
 _PROBED = (Signal.KV_USAGE, Signal.RUNNING, Signal.WAITING)
@@ -61,16 +61,17 @@ def leftover_queries(targets: list[Target], user_matchers: str, fresh_s: float) 
 
 def find_leftovers(client: QueryClient, targets: list[Target], *, at: datetime, window_s: float, step_s: float,
                    user_matchers: str, fresh_s: float) -> list[Target]:
-    """The targets with a leftover series at some step of [at − window, at] (a store that
-    refuses the probe query finds none there)."""
+    """The targets with a leftover series at some step of [at − window, at]. A store that
+    refuses the probe or times out on it finds none there (read as before); an unreachable
+    one fails the cycle like any other query."""
     start = at - timedelta(seconds=step_s * int(window_s // step_s))  # collect()'s grid
     by_key = {t.key: t for t in targets}
     hit: set[TargetKey] = set()
     for query, keys in leftover_queries(targets, user_matchers, fresh_s).items():
         try:
             rows = client.range(query, start, at, step_s)
-        except PrometheusBadResponse:  # a store that cannot answer it: read as before, unguarded
-            continue
+        except (PrometheusBadResponse, PrometheusTimeout):  # a store that refuses it (syntax, sample
+            continue                                        # limits) or is too slow: read as before
         for row in rows:
             labels = row.get("metric", {}) if isinstance(row, dict) else {}
             key = TargetKey(str(labels.get("job", "")), str(labels.get("instance", "")))
