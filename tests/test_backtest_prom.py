@@ -21,6 +21,7 @@ from support.prom import backfill, prometheus
 
 from kvwatch.cli import main
 from kvwatch.config import load_settings
+from kvwatch.core.churn import leftover_queries
 from kvwatch.core.collect import bucket_query, plan, quantile_families
 from kvwatch.core.dialects import SourceKind
 from kvwatch.core.discover import discover
@@ -116,8 +117,11 @@ def test_queries_do_not_depend_on_steps(prom_url: str) -> None:
     merged = sum(len(qs) - 1 for qs in families.values())
     assert merged >= 1
     assert [c[2] for c in counts] == [151, 16]
+    # relabel-leftover probes: one per KV family (kvwatch/core/churn.py), once for the whole span
+    probes = len(leftover_queries(targets, "", 60.0))
+    assert probes >= 1
     # two discovery queries + one per (signal, source), less the merged quantiles, + the bucket bounds
-    assert counts[0][0] == counts[1][0] == counts[0][1] == 2 + len(queries) - merged + n_buckets
+    assert counts[0][0] == counts[1][0] == counts[0][1] == 2 + len(queries) - merged + n_buckets + probes
 
 
 def test_last_step_equals_once_and_cli_outputs(prom_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

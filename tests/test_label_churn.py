@@ -154,3 +154,20 @@ def test_a_store_that_refuses_the_probe_is_read_as_before(store: Store, error: E
     with pytest.raises(PrometheusUnreachable):
         find_leftovers(Refusing(PrometheusUnreachable("http://p", "down")), [churned, plain], at=store.at, window_s=1800.0,
                        step_s=30.0, user_matchers=sel, fresh_s=1.5 * INTERVAL)
+
+
+def test_the_backtest_history_reads_the_churned_twin_alike(store: Store) -> None:
+    """`kvwatch backtest` fetches its whole span at once (kvwatch/tools/backtest/history.py):
+    it must read the leftovers as `once --at t` does, or a replay differs from the instants."""
+    from kvwatch.tools.backtest.history import HistorySpec, fetch_history
+
+    for dialect in DIALECTS:
+        client, sel, (churned, plain) = _pair(store, dialect)
+        end = store.at.timestamp()
+        data = fetch_history(client, [churned, plain], HistorySpec(
+            start=end - 600.0, end=end, window_s=1800.0, resolution_s=30.0, rate_window="2m", user_matchers=sel))
+        for sig in GAUGES:
+            want, got = data.values(plain.key, sig), data.values(churned.key, sig)
+            assert np.isfinite(want).mean() > 0.9, (dialect, sig, want)
+            bad = ~np.isclose(want, got, equal_nan=True)
+            assert not bad.any(), (dialect, sig.value, data.grid[bad] - store.cut, want[bad], got[bad])
