@@ -45,10 +45,7 @@ RATE_WINDOW_S = 120.0
 
 
 def _write(w: fleet._Writer, dialect: str, instance: str, times: list[float], t0: float, extra: dict[str, str]) -> None:
-    fn, engine_labels = fleet.EXPOSITIONS[dialect]
-    base = {"job": "churn", "instance": instance, **extra}
-    base |= {k: v.format(model="m") for k, v in engine_labels.items()}
-    fn(fleet._Ctx(w, base, times, t0, fleet.PROFILES["full"], 1.0, 0))
+    fleet.write_engine(w, dialect, {"job": "churn", "instance": instance, **extra}, times, t0, "full")
 
 
 @dataclass(frozen=True)

@@ -37,14 +37,12 @@ SPAN = 3000.0
 
 
 def _member(w: fleet._Writer, interval: float, end: float) -> None:
-    fn, engine_labels = fleet.EXPOSITIONS["vllm-0.33"]
     t0 = end - SPAN
     n = int(SPAN // interval)
     # scrape k lands within ±2 s of its slot (deterministic jitter); the last one exactly at end
     times = [t0 + k * interval + (2.0 * math.sin(1.7 * k) if k < n else 0.0) for k in range(n + 1)]
-    base = {"job": "vllm", "instance": f"i{interval:g}:8000", "engine": "0"}
-    base |= {k: v.format(model="m") for k, v in engine_labels.items()}
-    fn(fleet._Ctx(w, base, times, t0, fleet.PROFILES["healthy"], 1.0, 0))
+    fleet.write_engine(w, "vllm-0.33", {"job": "vllm", "instance": f"i{interval:g}:8000", "engine": "0"}, times, t0,
+                       "healthy")
 
 
 @dataclass(frozen=True)
