@@ -9,11 +9,11 @@ value then stays visible for the 5-minute lookback next to the new one, and the 
 Reading every gauge through :func:`~kvwatch.core.dialects.model.newest_scrape` would fix it
 at a join per step and series (+60 % Prometheus CPU on a full 1,000-target cycle, measured).
 Instead one query per KV family finds the targets with more visible series than were
-scraped in the last 1.5 scrape intervals anywhere in the span (or a number of series that
-changes within it), and only their gauge signals
-are fetched again through ``newest_scrape``, restricted to their instances, replacing the
-plain reading. A target scraped more slowly than the fleet is flagged too: its re-read is
-the same values, at the cost of its few queries.
+scraped in the last 1.5 scrape intervals anywhere in the span, or whose number of series
+changes within it; only their gauge signals are fetched again through ``newest_scrape``,
+restricted to their instances, replacing the plain reading. A target scraped more slowly
+than that has no series in the short window at some steps: the comparison finds no match
+there and flags nothing (data-parallel engines of one scrape count alike on both sides).
 """
 
 from __future__ import annotations
