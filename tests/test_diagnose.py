@@ -1417,6 +1417,20 @@ def test_a_queue_the_gauge_cannot_see_keeps_a_pinned_pool_full() -> None:
     assert r.state is FailureMode.FULL, r.primary
 
 
+def test_a_pinned_pool_without_a_queue_gauge_is_full_by_its_queue_time() -> None:
+    """Corpora 51 52, 41 42, 31 32 (rnd-52-034, rnd-42-017, rnd-32-038: Triton in the
+    no-waiting variant, read `unknown`): the pool sits at 93-97 % all window and requests
+    spend minutes queued now (the queue-time histogram's mean), but "the queue is still there"
+    was undecidable without the gauge. The queue time says it where no gauge can contradict it:
+    no gauge is like a gauge that never saw the queue."""
+    minutes = (GRID - GRID[0]) / 60
+    sigs = base(kv_usage=0.95 + 0.02 * np.sin(GRID / 40), queue_mean=600 + 10 * minutes,
+                ttft_p50=const(700.0), ttft_p99=const(900.0), ttft_mean=const(720.0), request_rate=const(1.5))
+    del sigs[Signal.WAITING]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.FULL, r.primary
+
+
 def test_a_cycling_pool_whose_queue_gauge_catches_single_samples_is_oscillating_by_its_queue_time() -> None:
     """Corpus 97 98 (rnd-97-033, trtllm-serve without its running gauges, read healthy with a
     persistent queue): the pool fills and empties every ~2.5 minutes (1-99 %), the executor's
