@@ -9,7 +9,7 @@ value then stays visible for the 5-minute lookback next to the new one, and the 
 Reading every gauge through :func:`~kvwatch.core.dialects.model.newest_scrape` would fix it
 at a join per step and series (+60 % Prometheus CPU on a full 1,000-target cycle, measured).
 Instead one query per KV family finds the targets with more visible series than were
-scraped in the last 1.5 scrape intervals anywhere in the span, or whose number of series
+scraped in the last half rate window anywhere in the span, or whose number of series
 changes within it; only their gauge signals are fetched again through ``newest_scrape``,
 restricted to their instances, replacing the plain reading. A target scraped more slowly
 than that has no series in the short window at some steps: the comparison finds no match
@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Set
 from datetime import datetime, timedelta
 
+from kvwatch.core.collect import instances_matcher, join_matchers
 from kvwatch.core.dialects import BY, selector
 from kvwatch.core.dialects.model import SourceKind
 from kvwatch.core.dialects.table import resolve
@@ -41,7 +42,7 @@ _GAUGE_KINDS = frozenset({SourceKind.GAUGE, SourceKind.EXPR})
 def leftover_queries(targets: list[Target], user_matchers: str, fresh_s: float) -> dict[str, set[TargetKey]]:
     """PromQL → the targets it probes: per (job, instance), present at the steps where more
     series of the family are visible than were scraped in the last ``fresh_s`` seconds (a
-    leftover stays visible for the 5-minute lookback; ``fresh_s`` is 1.5 scrape intervals),
+    leftover stays visible for the 5-minute lookback; ``fresh_s`` is >= 2 scrape intervals),
     or where their number differs from the span's end (the relabel step itself, when both
     series were scraped within ``fresh_s``; a store with a short lookback shows only that
     step). Costs about two gauge queries (measured; ``@ end()`` is evaluated once)."""
@@ -100,3 +101,24 @@ def replace_leftovers(data: FleetData, refetch: Callable[[list[Target], frozense
         for sig in sigs:
             if sig in got and len(got[sig]) == len(data.grid):
                 mine[sig] = got[sig]
+
+
+#: fetch(targets, user matchers, signals): the caller's collection, gauges read through newest_scrape
+Refetch = Callable[[list[Target], str, frozenset[Signal]], FleetData]
+
+
+def read_leftovers_exactly(client: QueryClient, data: FleetData, targets: list[Target], fetch: Refetch, *,
+                           at: datetime, window_s: float, step_s: float, user_matchers: str, rate_window_s: float,
+                           signals: Set[Signal] | None, known: frozenset[TargetKey] | None = None) -> None:
+    """Find the targets of ``data`` with leftovers (or take ``known``, a finding of the same span)
+    and overwrite their gauge signals with ``fetch``'s exact reading, restricted to their
+    instances; records the finding in ``data.leftovers``. The probe's short window is half the
+    rate window: at least 2 scrape intervals, as the rate window holds at least 4."""
+    if known is None:
+        flagged = find_leftovers(client, targets, at=at, window_s=window_s, step_s=step_s,
+                                 user_matchers=user_matchers, fresh_s=rate_window_s / 2.0) if targets else []
+    else:
+        flagged = [t for t in targets if t.key in known]
+    replace_leftovers(data, lambda few, sigs: fetch(
+        few, join_matchers(user_matchers, instances_matcher([t.key for t in few])), sigs), flagged, signals)
+    data.leftovers = frozenset(t.key for t in flagged)

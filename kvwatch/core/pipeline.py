@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from kvwatch.config import Settings
-from kvwatch.core.churn import find_leftovers, replace_leftovers
+from kvwatch.core.churn import read_leftovers_exactly
 from kvwatch.core.collect import (
     bucket_layouts,
     ceilings_of,
@@ -94,7 +94,7 @@ def collect_targets(
     ``signals`` (default: all) are the signals fetched (a cycle fetches the decision
     signals first, :func:`triage_fetch` the rest for the targets that need them).
     Targets with leftovers of relabelled series (:mod:`kvwatch.core.churn`) get their gauges
-    re-read exactly; ``leftovers`` (default: looked for, one query per KV family) are them
+    re-read exactly; ``leftovers`` (default: looked for, one query per KV family) are they
     when the caller already knows (the triage pass reuses the decision pass' finding).
     """
     ev = settings.evaluation
@@ -106,42 +106,19 @@ def collect_targets(
     else:
         interval = detect_interval(client, at, targets, matchers) if targets else None
     rate_s, latency_s = rate_window(ev.rate_window, interval), rate_window(ev.latency_window, interval)
-    data = collect(
-        client,
-        targets,
-        at=at,
-        window_s=ev.window if window_s is None else window_s,
-        step_s=ev.step,
-        rate_window=format_duration(rate_s),
-        latency_window=format_duration(latency_s),
-        range_signals=rules.condition_signals(),
-        user_matchers=matchers,
-        max_concurrency=settings.prometheus.max_concurrency,
-        triton_model=settings.discovery.triton_model,
-        ceilings=None if probes is None else probes.ceilings,
-        layouts=None if probes is None else probes.layouts,
-        signals=signals,
-    )
     window = ev.window if window_s is None else window_s
-    if leftovers is None:  # look for them (one query per KV family), else the caller's finding
-        fresh_s = 1.5 * interval if interval else rate_s / 2.0
-        flagged = find_leftovers(client, targets, at=at, window_s=window, step_s=ev.step,
-                                 user_matchers=matchers, fresh_s=fresh_s) if targets else []
-    else:
-        flagged = [t for t in targets if t.key in leftovers]
-
-    def refetch(few: list[Target], sigs: frozenset[Signal]) -> FleetData:
-        return collect(
-            client, few, at=at, window_s=window, step_s=ev.step, rate_window=format_duration(rate_s),
-            latency_window=format_duration(latency_s), range_signals=rules.condition_signals(),
-            user_matchers=join_matchers(matchers, instances_matcher([t.key for t in few])),
-            max_concurrency=settings.prometheus.max_concurrency, triton_model=settings.discovery.triton_model,
-            ceilings=None if probes is None else probes.ceilings, layouts=None if probes is None else probes.layouts,
-            signals=sigs, fresh=True,
-        )
-
-    replace_leftovers(data, refetch, flagged, signals)
-    data.leftovers = frozenset(t.key for t in flagged)
+    same = dict(  # what the plain reading and the exact re-read of relabel leftovers share
+        at=at, window_s=window, step_s=ev.step, rate_window=format_duration(rate_s),
+        latency_window=format_duration(latency_s), range_signals=rules.condition_signals(),
+        max_concurrency=settings.prometheus.max_concurrency, triton_model=settings.discovery.triton_model,
+        ceilings=None if probes is None else probes.ceilings, layouts=None if probes is None else probes.layouts,
+    )
+    data = collect(client, targets, user_matchers=matchers, signals=signals, **same)  # type: ignore[arg-type]
+    read_leftovers_exactly(
+        client, data, targets,
+        lambda few, sel, sigs: collect(client, few, user_matchers=sel, signals=sigs, fresh=True, **same),  # type: ignore[arg-type]
+        at=at, window_s=window, step_s=ev.step, user_matchers=matchers, rate_window_s=rate_s, signals=signals,
+        known=leftovers)
     data.rate_window_s, data.scrape_interval_s = rate_s, interval
     return data
 

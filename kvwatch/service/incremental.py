@@ -259,7 +259,9 @@ class IncrementalEvaluator:
             data.targets = {t.key: t for t in targets}
             # relabel leftovers found in this cycle's fetches: the triage pass reads its signals
             # at the instant, inside the span just probed, and need not probe again
-            data.leftovers = (short.leftovers or frozenset()) | (whole.leftovers or frozenset() if changed else frozenset())
+            data.leftovers = short.leftovers or frozenset()
+            if changed:
+                data.leftovers |= whole.leftovers or frozenset()
             self.last_mode, self.last_steps = "incremental", m
         self._data = data
         return targets, data

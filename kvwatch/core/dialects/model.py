@@ -76,10 +76,11 @@ class Render:
         return selector(metric, extra, self.user)
 
     def gauge(self, metric: str, extra: str = "") -> str:
-        """An instant gauge selector without stale leftovers of relabelled series (:func:`newest_scrape`),
-        or the plain selector where ``fresh`` is off."""
-        sel = self.sel(metric, extra)
-        return newest_scrape(sel) if self.fresh else sel
+        """An instant gauge selector, through :func:`newest_scrape` where ``fresh`` is on."""
+        return self.fresh_gauge(self.sel(metric, extra))
+
+    def fresh_gauge(self, selector: str) -> str:
+        return newest_scrape(selector) if self.fresh else selector
 
     def llm(self, vector: str, scoped: bool = True) -> str:
         """``vector`` restricted to the Triton LLM model (identity when ``scoped`` is false).
@@ -188,8 +189,7 @@ class Source:
         r = Render(user_matchers, rate_window, triton_model, fresh)
         scoped = self.triton_core
         if k is SourceKind.GAUGE:
-            sel = self._sel("", r)
-            q = self._aggregate(r.llm(newest_scrape(sel) if fresh else sel, scoped))
+            q = self._aggregate(r.llm(r.fresh_gauge(self._sel("", r)), scoped))
         elif k is SourceKind.COUNTER:
             q = self._aggregate(r.llm(f"rate({self._sel('', r)}[{rate_window}])", scoped))
         elif k is SourceKind.HIST_QUANTILE:

@@ -16,12 +16,11 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from kvwatch.core.churn import find_leftovers, replace_leftovers
-from kvwatch.core.collect import collect, instances_matcher, join_matchers, resolve
+from kvwatch.core.churn import read_leftovers_exactly
+from kvwatch.core.collect import collect, resolve
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.promclient import QueryClient, Series
-from kvwatch.core.signals import Signal
 from kvwatch.durations import parse_duration
 
 #: grid points per range query (Prometheus refuses more than 11,000 per series)
@@ -72,24 +71,18 @@ def fetch_history(client: QueryClient, targets: list[Target], spec: HistorySpec)
         n = min(hi, spec.max_points - 1)
         at = spec.end - (total - hi) * res
         when = datetime.fromtimestamp(at, tz=UTC)
-
-        def chunk(few: list[Target], matchers: str, signals: frozenset[Signal] | None = None,
-                  fresh: bool = False, when: datetime = when, n: int = n) -> FleetData:
-            return collect(
-                client, few, at=when, window_s=n * res, step_s=res, rate_window=spec.rate_window,
-                latency_window=spec.latency_window, user_matchers=matchers, max_concurrency=spec.max_concurrency,
-                hold_static=False,  # each step must see the cap / pool size of its own time
-                signals=signals, fresh=fresh,
-            )
-
-        data = chunk(targets, spec.user_matchers)
-        # relabel leftovers in stored data (kvwatch/core/churn.py), as `once --at t` reads them
-        flagged = find_leftovers(client, targets, at=when, window_s=n * res, step_s=res,
-                                 user_matchers=spec.user_matchers,
-                                 fresh_s=parse_duration(spec.rate_window) / 2.0) if targets else []
-        replace_leftovers(data, lambda few, sigs: chunk(
-            few, join_matchers(spec.user_matchers, instances_matcher([t.key for t in few])), sigs, True),
-            flagged, None)
+        same = dict(  # the plain reading and the exact re-read of relabel leftovers (core/churn.py)
+            at=when, window_s=n * res, step_s=res, rate_window=spec.rate_window, latency_window=spec.latency_window,
+            max_concurrency=spec.max_concurrency,
+            hold_static=False,  # each step must see the cap / pool size of its own time
+        )
+        data = collect(client, targets, user_matchers=spec.user_matchers, **same)  # type: ignore[arg-type]
+        read_leftovers_exactly(
+            client, data, targets,
+            lambda few, sel, sigs, same=same: collect(client, few, user_matchers=sel, signals=sigs, fresh=True,
+                                                      **same),  # type: ignore[arg-type]
+            at=when, window_s=n * res, step_s=res, user_matchers=spec.user_matchers,
+            rate_window_s=parse_duration(spec.rate_window), signals=None)
         parts.append(data)
         hi -= n + 1
     parts.reverse()
