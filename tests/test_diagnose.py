@@ -1340,6 +1340,26 @@ def test_a_wedged_engine_on_a_full_pool_is_stalled_not_full(counted: str) -> Non
     assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "stalled"), r.primary
 
 
+def test_no_completion_in_the_last_sample_without_a_queue_gauge_is_not_health() -> None:
+    """Corpus 19 20 (rnd-20-001, a Dynamo worker: no queue gauge, no preemption or token
+    counter): the pool sits at 97-100 % with ~1,000 running and requests completing all window
+    except in the last rate window. Full's "the engine is wedged" exclusion fired on that one
+    sample while the stall it defers to needs requests waiting, which this engine cannot show:
+    neither mode matched and the pinned pool read `healthy`. A wedge is requests waiting and no
+    progress; where the queue is not exported the exclusion is undecidable, so is full."""
+    done = const(6.0)
+    done[-1] = 0.0
+    sigs = base(kv_usage=0.985 + 0.01 * np.sin(GRID / 40), running=990 + 10 * np.sin(GRID / 70),
+                request_rate=done)
+    for s in (Signal.WAITING, Signal.PREEMPTIONS, Signal.GEN_TPS, Signal.PROMPT_TPS,
+              Signal.TTFT_P50, Signal.TTFT_P99, Signal.TTFT_MEAN):
+        del sigs[s]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.UNKNOWN, (r.state, r.primary)
+    full = r.mode_verdict(FailureMode.FULL)
+    assert full is not None and full.verdict is Verdict.UNDECIDABLE and full.points, full
+
+
 def test_a_pool_pinned_most_of_the_window_that_drains_to_empty_at_each_trough_is_oscillating() -> None:
     """Corpus 23 24 (rnd-23-065, vLLM 0.33): arrivals swing every ~7.5 minutes to 2.4x capacity;
     the pool sits at 99 % with 1,000-2,900 queued for 85 % of the window and drains to empty
