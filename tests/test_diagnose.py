@@ -564,6 +564,24 @@ def test_no_misread_from_lagging_quantiles_or_a_single_sample(queue_until_min: f
     assert r.state is not FailureMode.MISREAD, r.diagnoses
 
 
+@pytest.mark.parametrize(("queue_p99", "state"), [(0.3, FailureMode.MISREAD), (2.1, FailureMode.MISREAD),
+                                                 (3.2, FailureMode.HEALTHY), (None, FailureMode.MISREAD)])
+def test_a_tail_made_of_queue_time_is_not_a_slice_of_slow_requests(queue_p99: float | None,
+                                                                    state: FailureMode) -> None:
+    """Corpora 15 16, 19 20, 23 24 (rnd-15-021, rnd-19-052, rnd-23-022: bursty or periodic
+    load, healthy by mechanism): bursts queue requests for a few seconds, no queue is held
+    long enough for the gauge to catch it twice, and the TTFT p99 (3.7 s) is almost all queue
+    time (queue p99 3.3 s). TTFT is queue time plus prefill: a slice of slow requests (long
+    prompts) is slow in prefill, its queue p99 well under its TTFT p99 (0.3-2.3 s against 3-7 s
+    in every misread of those corpora). Where queue time makes 75 % or more of the p99 the tail
+    is the queue's, not misread; without a queue-time histogram the rule reads as before."""
+    sigs = base(ttft_p50=const(0.06), ttft_p99=const(3.7), ttft_mean=const(0.2),
+                waiting=np.where(np.arange(N) % 9 == 0, 3.0, 0.0))
+    if queue_p99 is not None:
+        sigs[Signal.QUEUE_P99] = const(queue_p99)
+    assert diagnose_one(sigs).state is state
+
+
 def test_a_watermark_stall_at_84_percent_is_fragmented_not_undecided() -> None:
     """Issue 11: a 10-20 % watermark (or reservation) holds the pool flat at 84 % used while
     requests queue and running varies well under any ceiling. That is below the full line
@@ -788,6 +806,18 @@ def test_preemptions_at_every_peak_are_oscillation_pressure_without_a_held_queue
     assert r.state is FailureMode.OSCILLATING, r.primary
     # the same swings with neither a held queue nor a preemption stay what they were (noise)
     assert diagnose_one(_self_oscillation(0.0)).state is not FailureMode.OSCILLATING
+
+
+def test_one_preemption_per_peak_is_a_pool_touching_full_not_an_oscillation() -> None:
+    """Corpus 19 20 (rnd-19-034, vLLM 0.10, bursty load 0.63-0.84, labelled healthy by
+    mechanism) and 23 24 (rnd-23-022): a busy pool that touches full at some bursts evicts one
+    request there, which re-queues for a second: the preemption rate (2-minute window) reads
+    1/120 per second at four peaks and kvwatch paged `oscillating`. One request per peak is
+    not the pool running out; a preemption cascade (several per rate window, as above) is."""
+    r = diagnose_one(_self_oscillation(1 / 120))
+    assert r.state is FailureMode.HEALTHY, r.primary
+    # two or more per rate window at every peak still is
+    assert diagnose_one(_self_oscillation(2 / 120)).state is FailureMode.OSCILLATING
 
 
 def test_two_preemption_bursts_on_a_noisy_busy_pool_are_not_a_cycle() -> None:

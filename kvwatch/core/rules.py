@@ -42,6 +42,7 @@ from kvwatch.errors import ConfigError, Problem
 #: signals derived point-wise from two canonical signals
 DERIVED_SIGNALS: dict[str, str] = {
     "ttft_tail_ratio": "ttft_p99 / ttft_p50",
+    "queue_tail_share": "queue_p99 / ttft_p99: how much of the slowest first tokens' wait is time in the queue",
     "running_vs_cap": "running / max_running",
     "running_vs_cap_queued": "running / max_running except where nobody waits (waiting < 0.5: a gap); no waiting: every sample",
     "completion_rate": "request_rate - abort_rate (abort_rate absent: 0; request_rate as is where the engine's "
@@ -58,6 +59,7 @@ DERIVED_SIGNALS: dict[str, str] = {
 #: the canonical signals each derived signal is computed from
 DERIVED_INPUTS: dict[str, tuple[str, ...]] = {
     "ttft_tail_ratio": ("ttft_p99", "ttft_p50"),
+    "queue_tail_share": ("queue_p99", "ttft_p99"),
     "running_vs_cap": ("running", "max_running"),
     "running_vs_cap_queued": ("running", "max_running"),  # waiting only narrows the samples
     "completion_rate": ("request_rate", "abort_rate"),

@@ -29,7 +29,7 @@ _NEGATE = {">": "<=", ">=": "<", "<": ">=", "<=": ">", "==": "!=", "!=": "=="}
 #: latency signals: with no request finished in the span they have no samples, and a
 #: "latency is high" condition is then decided false (nobody waited), not undecidable
 LATENCY_SIGNALS = frozenset(
-    {"ttft_p50", "ttft_p99", "ttft_mean", "queue_p99", "queue_mean", "itl_p99", "ttft_tail_ratio"}
+    {"ttft_p50", "ttft_p99", "ttft_mean", "queue_p99", "queue_mean", "itl_p99", "ttft_tail_ratio", "queue_tail_share"}
 )
 
 #: derived signals that mask a signal to the samples where requests waited: their gaps (nobody

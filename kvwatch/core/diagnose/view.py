@@ -100,6 +100,13 @@ class TargetView:
             if c99 is None or p99 is None or vals is None:
                 return ""
             mask, vals = clamped(p99[i0:], c99), vals[i0:]
+        elif name == "queue_tail_share":
+            # either p99 past its last bucket bounds the ratio from one side or the other
+            for sig in (Signal.QUEUE_P99, Signal.TTFT_P99):
+                c, raw = ceil.get(sig), self.raw(sig.value)
+                if c is not None and raw is not None and clamped(raw[i0:], c).any():
+                    return "?"
+            return ""
         else:
             sig = Signal._value2member_map_.get(name)
             c = ceil.get(sig) if sig is not None else None  # type: ignore[call-overload]

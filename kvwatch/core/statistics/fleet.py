@@ -75,6 +75,14 @@ class FleetStats:
             if a is not None and b is not None:
                 with np.errstate(divide="ignore", invalid="ignore"):
                     m = np.where(b > 0, a / b, np.nan)
+        elif name == "queue_tail_share":
+            # TTFT is queue time plus prefill: a p99 that is mostly queue time is a tail the
+            # queue made (bursts), where a slice of slow requests is slow in prefill instead
+            a, b = self.matrix("queue_p99"), self.matrix("ttft_p99")
+            m = None
+            if a is not None and b is not None:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    m = np.where(b > 0, a / b, np.nan)
         elif name == "completion_rate":
             # progress where tokens are not counted: most engines count an aborted request (a
             # client that gave up on a wedged engine) as finished, so aborts are taken out there;
