@@ -1184,6 +1184,26 @@ def test_a_pool_that_fills_and_drains_behind_an_estimated_queue_that_never_empti
     assert r.state is not FailureMode.OSCILLATING, r.primary
 
 
+def test_a_pool_draining_at_every_period_behind_an_estimated_queue_is_oscillating_not_full() -> None:
+    """Corpus 61 62 (rnd-61-074, vLLM 0.10, no-waiting variant: arrivals pulsing every ~5 min
+    to 1.44x capacity, labelled oscillating, paged full): the pool drains for a scrape at each
+    trough, and the Little's-law queue estimate (queue-time histogram, no gauge) never falls
+    below one request between peaks, so full's "the queue empties between drains, that is
+    oscillating" could not see the drains and full outranked the oscillation both rules found.
+    Behind an estimated queue the drains are the pool's own, read while requests wait
+    (``kv_queued``), as oscillating reads them."""
+    t = GRID - GRID[0]
+    phase = t % 360
+    kv = np.where(phase < STEP, 0.35, 0.99)
+    queue = 10 + 290 * (0.5 + 0.5 * np.sin(2 * np.pi * t / 360))
+    running = 60 + 100 * kv + np.random.default_rng(2).integers(-12, 12, N)
+    sigs = base(kv_usage=kv, running=running, waiting=queue, request_rate=const(8.0),
+                preemptions=np.where(phase < 2 * STEP, 0.05, 0.0))
+    r = _estimated_queue_target(sigs, estimated=True)
+    assert r.state is FailureMode.OSCILLATING, r.primary
+    assert FailureMode.FULL not in {d.mode for d in r.diagnoses}, r.diagnoses
+
+
 def test_a_tail_that_has_just_cleared_after_an_episode_is_not_misread() -> None:
     """Issue 11 item 5 (97 98, rnd-97-044, TensorRT-LLM: read misread in 6 variants). An
     oscillation episode (queues of 11-41 caught by one sample each, preemption bursts of 3/s)
