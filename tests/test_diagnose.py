@@ -1204,6 +1204,28 @@ def test_a_pool_draining_at_every_period_behind_an_estimated_queue_is_oscillatin
     assert FailureMode.FULL not in {d.mode for d in r.diagnoses}, r.diagnoses
 
 
+def test_preemption_bursts_between_drains_without_a_queue_gauge_are_oscillating_not_full() -> None:
+    """Corpus 19 20 (rnd-19-071, Triton TensorRT-LLM, no-waiting variant: arrivals pulsing every
+    ~6 min to 1.5x capacity, labelled oscillating, paged full): with no queue gauge at all, the
+    pressure full reads is the preemptions and Triton's queue-time mean, and its "the queue
+    empties between drains" exclusion had nothing to read. Preemption bursts that stop at every
+    drain of the pool are what oscillating reads there, and full must step aside for them too."""
+    t = GRID - GRID[0]
+    phase = (t + 30) % 360
+    kv = np.where(phase < STEP, 0.35, 0.99)
+    sigs = base(kv_usage=kv, running=60 + 100 * kv + np.random.default_rng(2).integers(-12, 12, N),
+                request_rate=const(8.0), preemptions=np.where(phase >= 150, 1.5, 0.0), queue_mean=const(30.0))
+    del sigs[Signal.WAITING]
+    names = {"vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_preemptions_total"}
+    r = _diagnose_as(Target(TargetKey("vllm", "p"), "vllm-v1", "vllm", "m", names=frozenset(names)), sigs)
+    assert r.state is FailureMode.OSCILLATING, r.primary
+    # the same pool pinned without drains, preempting throughout, stays full
+    sigs[Signal.KV_USAGE] = const(0.99)
+    sigs[Signal.PREEMPTIONS] = const(1.5)
+    r = _diagnose_as(Target(TargetKey("vllm", "p"), "vllm-v1", "vllm", "m", names=frozenset(names)), sigs)
+    assert r.state is FailureMode.FULL, r.primary
+
+
 def test_a_tail_that_has_just_cleared_after_an_episode_is_not_misread() -> None:
     """Issue 11 item 5 (97 98, rnd-97-044, TensorRT-LLM: read misread in 6 variants). An
     oscillation episode (queues of 11-41 caught by one sample each, preemption bursts of 3/s)
