@@ -64,25 +64,25 @@ class FleetStats:
         w = self.matrix("waiting")
         return a if a is None or w is None else np.where(w < 0.5, np.nan, a)
 
+    def _ratio(self, num: str, den: str) -> np.ndarray | None:
+        """``num / den`` point-wise, NaN where ``den`` is not positive; None without either."""
+        a, b = self.matrix(num), self.matrix(den)
+        if a is None or b is None:
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(b > 0, a / b, np.nan)
+
     def matrix(self, name: str) -> np.ndarray | None:
         """targets × grid values of a canonical or derived signal (NaN rows for targets without it)."""
         if name in self._mats:
             return self._mats[name]
         m: np.ndarray | None
         if name == "ttft_tail_ratio":
-            a, b = self.matrix("ttft_p99"), self.matrix("ttft_p50")
-            m = None
-            if a is not None and b is not None:
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    m = np.where(b > 0, a / b, np.nan)
+            m = self._ratio("ttft_p99", "ttft_p50")
         elif name == "queue_tail_share":
             # TTFT is queue time plus prefill: a p99 that is mostly queue time is a tail the
             # queue made (bursts), where a slice of slow requests is slow in prefill instead
-            a, b = self.matrix("queue_p99"), self.matrix("ttft_p99")
-            m = None
-            if a is not None and b is not None:
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    m = np.where(b > 0, a / b, np.nan)
+            m = self._ratio("queue_p99", "ttft_p99")
         elif name == "completion_rate":
             # progress where tokens are not counted: most engines count an aborted request (a
             # client that gave up on a wedged engine) as finished, so aborts are taken out there;
