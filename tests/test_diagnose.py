@@ -602,6 +602,23 @@ def test_a_tail_with_preemptions_in_its_window_is_kv_pressure_not_a_slice(burst_
     assert diagnose_one(sigs).state is state
 
 
+def test_low_demand_asks_to_confirm_requests_are_fast_before_consolidating() -> None:
+    """Corpora 25 26, 37 38 (rnd-26-043 Triton, rnd-26-066 TGI: engines 20x slow, no TTFT
+    histogram, read low demand): an empty pool whose requests are slow is compute-bound, and
+    the low-demand checklist's "consolidate replicas" would make it worse. Before that step the
+    checklist asks to confirm the requests are fast, with the TTFT median where it is exported
+    and without a number where it is not."""
+    sigs = base(kv_usage=const(0.05), running=const(2), gen_tps=const(100), ttft_p50=const(0.3))
+    steps = diagnose_one(sigs).primary.triage
+    i = next(i for i, t in enumerate(steps) if "onsolidate" in t)
+    assert i > 0 and "TTFT p50 0.30s" in steps[i - 1], steps
+    for s_ in (Signal.TTFT_P50, Signal.TTFT_P99, Signal.TTFT_MEAN):
+        del sigs[s_]
+    steps = diagnose_one(sigs).primary.triage
+    i = next(i for i, t in enumerate(steps) if "onsolidate" in t)
+    assert "requests are fast" in steps[i - 1] and "TTFT p50" not in steps[i - 1], steps
+
+
 def test_a_watermark_stall_at_84_percent_is_fragmented_not_undecided() -> None:
     """Issue 11: a 10-20 % watermark (or reservation) holds the pool flat at 84 % used while
     requests queue and running varies well under any ceiling. That is below the full line
