@@ -1225,6 +1225,23 @@ def _episode_behind_an_estimated_queue() -> dict[Signal, np.ndarray]:
                 request_rate=np.where(episode, 1.6, 0.5))
 
 
+def test_two_bumps_of_an_estimated_queue_are_no_held_queue() -> None:
+    """Corpus 29 30 (rnd-30-026, LMDeploy without its waiting gauge, bursty load labelled
+    healthy, paged oscillating): the Little's-law queue estimate is the queue-time rate over
+    its window, so a burst whose requests waited a second shows as one request "waiting" for
+    two or three samples: the estimate makes every bump look held. Behind an estimate, a
+    queue held at the peaks is read as oscillating reads an estimate (the pool filling and
+    draining while requests wait), not from its smoothed bumps; a gauge that held the same
+    queue two samples at both peaks still counts."""
+    t = GRID - GRID[0]
+    phase = 2 * np.pi * (t - 720) / 900  # peaks at 12 and 27 minutes, the last 3 minutes before the end
+    kv = 0.6 + 0.39 * np.cos(phase)
+    bumps = np.where(np.cos(phase) > 0.97, 1.5, 0.0)  # 3 samples at each peak
+    sigs = base(kv_usage=kv, running=40 + 4 * np.cos(phase), waiting=bumps, request_rate=const(5.0))
+    assert _estimated_queue_target(sigs, estimated=True).state is not FailureMode.OSCILLATING
+    assert _estimated_queue_target(sigs, estimated=False).state is FailureMode.OSCILLATING
+
+
 def test_a_pool_that_fills_and_drains_behind_an_estimated_queue_that_never_empties_is_oscillating() -> None:
     """Behind an estimated queue, the pool filling and draining again and again while requests
     keep waiting is the pressure at every peak: the estimate cannot drain between peaks."""
