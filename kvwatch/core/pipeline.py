@@ -94,8 +94,8 @@ def collect_targets(
     ``signals`` (default: all) are the signals fetched (a cycle fetches the decision
     signals first, :func:`triage_fetch` the rest for the targets that need them).
     Targets with leftovers of relabelled series (:mod:`kvwatch.core.churn`) get their gauges
-    re-read exactly; ``leftovers`` (default: looked for, one query per KV family) are they
-    when the caller already knows (the triage pass reuses the decision pass' finding).
+    re-read exactly; ``leftovers`` is the caller's finding when it has one (the triage pass
+    reuses the decision pass'), else they are looked for (one query per KV family).
     """
     ev = settings.evaluation
     matchers = _matchers(settings, targets, only_these)
