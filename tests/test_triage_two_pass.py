@@ -21,7 +21,7 @@ from test_diagnose_fast import rules as rules  # the fixture: bundled + extra ru
 from kvwatch.config import load_settings
 from kvwatch.core.diagnose import Params, diagnose, with_rows
 from kvwatch.core.frame import FleetData
-from kvwatch.core.models import Target, TargetKey, TargetResult, Verdict
+from kvwatch.core.models import FailureMode, Target, TargetKey, TargetResult, Verdict
 from kvwatch.core.rules import RuleSet, load_ruleset
 from kvwatch.core.signals import Signal
 from kvwatch.demo import WARMUP_S, fleet_duration
@@ -61,8 +61,9 @@ def as_json(results: Iterable[TargetResult]) -> list[str]:
 def check_two_pass(
     targets: list[Target], data: FleetData, rules: RuleSet, params: Params, explain: bool = True
 ) -> tuple[TargetResult, ...]:
-    """Two passes give exactly one pass's results; returns them. The triage fetch is asked once,
-    for exactly the targets with a matched rule that export a triage-only signal."""
+    """Two passes give exactly one pass's results; returns them. The triage fetch is asked at most
+    once, for the targets with a matched rule that export a triage-only signal (and at most those
+    whose match the samples do not cover yet besides)."""
     one = diagnose(targets, data, rules, params)
     got, calls = two_pass(targets, data, rules, params)
     assert [r.target.key for r in got] == [r.target.key for r in one]
@@ -70,9 +71,14 @@ def check_two_pass(
         assert a == b, f"{a.target.key}: two passes differ from one"
     assert as_json(got) == as_json(one)
     triage = rules.triage_signals()
-    flagged = {r.target.key for r in one if any(c.verdict is Verdict.MATCHED for c in r.checks)
-               and triage & data.sourced.get(r.target.key, set())}
-    assert len(calls) == (1 if flagged else 0) and (not calls or set(calls[0]) == flagged), (calls, flagged)
+    exports = [r for r in one if triage & data.sourced.get(r.target.key, set())]
+    flagged = {r.target.key for r in exports if any(c.verdict is Verdict.MATCHED for c in r.checks)}
+    # a rule outcome that matched but did not stand (samples not covering its span yet, a blind
+    # spot the engine cannot decide) may be fetched too: only targets left `unknown`
+    pointing = {r.target.key for r in exports if r.state is FailureMode.UNKNOWN}
+    assert len(calls) <= 1, calls
+    asked = set(calls[0]) if calls else set()
+    assert flagged <= asked <= flagged | pointing, (asked, flagged)
     if not explain:
         return one
     explained = frozenset(t.key for t in targets[::5])

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Set
+from concurrent.futures import ThreadPoolExecutor
 
 from kvwatch.core.diagnose.facts import facts_for
 from kvwatch.core.diagnose.fleetrules import FleetRules, Outcome
 from kvwatch.core.diagnose.groups import GROUP_SPAN_S, group_facts
 from kvwatch.core.diagnose.prefill import admission_queue
-from kvwatch.core.diagnose.target import diagnose_target
+from kvwatch.core.diagnose.target import diagnose_target, gone_reason
 from kvwatch.core.diagnose.view import Params, TargetView
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target, TargetKey, TargetResult, Verdict
@@ -50,8 +51,8 @@ def diagnose(
 
     ``triage``: ``data`` lacks the signals only matched rules' text reads
     (``rules.triage_signals()``); they are fetched through it for the targets with a matched
-    rule that export one (one call), and those targets' text and blind spots are made again
-    with them. The results are exactly those of one pass over data that hold every signal:
+    rule that export one (one call, on a worker thread while the other targets are diagnosed),
+    and those targets' text and blind spots are made with them. The results are exactly those of one pass over data that hold every signal:
     no rule condition, fact or state reads them (so the rule outcomes and facts of the first
     pass stand), and a target without a matched rule does not list them as blind spots.
     """
@@ -70,24 +71,45 @@ def diagnose(
     # with a second pass to come, targets that export a triage-only signal get no text now
     later = set() if triage is None or not only_triage else {
         t.key for t in targets if only_triage & data.sourced.get(t.key, set())}
-    results = [
-        diagnose_target(v, rules, groups.get(v.key, {}), v.key in explain, facts[j], outcomes(j, v.key),
-                        only_triage, draft=v.key in later)
-        for j, v in enumerate(views)
-    ]
-    flagged = [j for j, r in enumerate(results)
-               if r.target.key in later and any(c.verdict is Verdict.MATCHED for c in r.checks)]
-    if triage is not None and flagged:
-        keys = [targets[j].key for j in flagged]
-        full = with_rows(data, triage(keys), keys, only_triage)
+    results: list[TargetResult | None] = [None] * len(targets)
+
+    def first_pass(j: int) -> None:
+        v = views[j]
+        results[j] = diagnose_target(v, rules, groups.get(v.key, {}), v.key in explain, facts[j],
+                                     outcomes(j, v.key), only_triage, draft=v.key in later)
+
+    # The targets with a matched rule need the triage rows for their text. Those the fleet-wide
+    # outcomes show are not drafted: the fetch starts at once and runs (Prometheus' CPU, socket
+    # waits) while the other targets are diagnosed, and they are diagnosed once, after it. A
+    # match that the samples do not cover yet is fetched too (it turns undecided; one more row
+    # read, the same result). Explained (or reference) targets have no fleet-wide outcomes:
+    # their draft, made first, says whether they matched.
+    own = [j for j, t in enumerate(targets) if t.key in later and outcomes(j, t.key) is None]
+    for j in own:
+        first_pass(j)
+    pending = [j for j, t in enumerate(targets) if t.key in later and (
+        any(o[j].result for o in per_rule) and not gone_reason(views[j]) if results[j] is None
+        else any(c.verdict is Verdict.MATCHED for c in results[j].checks))]  # type: ignore[union-attr]
+    again = set(pending)
+    keys = [targets[j].key for j in pending]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        fetched = pool.submit(triage, keys) if triage is not None and keys else None
+        for j in range(len(targets)):
+            if results[j] is None and j not in again:
+                first_pass(j)
+        extra = fetched.result() if fetched is not None else None
+    if extra is not None:
+        full = with_rows(data, extra, keys, only_triage)
         fleet2 = FleetStats(keys, full, params.at)
-        for j in flagged:
+        for j in pending:
             view = TargetView(targets[j], full, params, fleet2)
             # the same rule outcomes, facts and replica-group facts: none reads a triage signal
             results[j] = diagnose_target(view, rules, groups.get(view.key, {}), view.key in explain, facts[j],
                                          outcomes(j, view.key), only_triage)
-    results.sort(key=lambda r: (r.state.rank, r.target.key.job, r.target.key.instance))
-    return tuple(results)
+    done = [r for r in results if r is not None]
+    assert len(done) == len(targets)
+    done.sort(key=lambda r: (r.state.rank, r.target.key.job, r.target.key.instance))
+    return tuple(done)
 
 
 def with_rows(data: FleetData, extra: FleetData, keys: Iterable[TargetKey], signals: Set[Signal]) -> FleetData:

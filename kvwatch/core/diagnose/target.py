@@ -133,6 +133,19 @@ def _span(seconds: float) -> str:
     return f"{s / 60:g}m" if s >= 60 else f"{s}s"
 
 
+def gone_reason(view: TargetView) -> str:
+    """Why the target is a blind spot whatever its rules say (stale series, no KV samples in the
+    last 5 minutes while its engine exports them); empty when it is not."""
+    if view.target.dialect == "stale":
+        return ("target gone from scraping (no `up` series now): its incidents resolve as gone"
+                if view.target.gone else
+                "KV usage was reported during the window but no engine metrics exist now (scrape failing?)")
+    exported = all(sig in view.data.sourced.get(view.key, set()) for sig in REQUIRED_SIGNALS)
+    if exported and not view.stat(Signal.KV_USAGE.value, view.p.fresh_s, "count"):
+        return "no kv_usage samples in the last 5 minutes (stale or gone target)"
+    return ""
+
+
 def diagnose_target(
     view: TargetView, rules: RuleSet, group: dict[str, float | None], explain: bool = False,
     facts: dict[str, float | None] | None = None, outcomes: Sequence[Outcome] | None = None,
@@ -172,18 +185,14 @@ def diagnose_target(
             view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(shown), facts, blocking=blocking
         )
 
-    if view.target.dialect == "stale":
-        reason = ("target gone from scraping (no `up` series now): its incidents resolve as gone"
-                  if view.target.gone else
-                  "KV usage was reported during the window but no engine metrics exist now (scrape failing?)")
-        return blind(reason, ("kv_usage",))
+    gone = gone_reason(view)
+    if gone:
+        return blind(gone, ("kv_usage",))
     # Without a KV gauge the rules are still evaluated: the modes that read the pool are
     # undecidable, but one that needs no KV can still be established and beat them all (a
     # wedged engine: full, oscillating and fragmented need progress, misread no queue). Any
     # other outcome is the blind spot, never `healthy`.
     not_exported = next((sig for sig in REQUIRED_SIGNALS if sig not in sourced), None)
-    if not_exported is None and not view.stat(Signal.KV_USAGE.value, p.fresh_s, "count"):
-        return blind("no kv_usage samples in the last 5 minutes (stale or gone target)", ("kv_usage",))
     # samples that say how much of a rule's span the data cover: KV's, else the queue's
     anchor = (Signal.KV_USAGE if not_exported is None else Signal.WAITING).value
     coverage = view.stat(anchor, p.window_s, "coverage") or 0.0
