@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Set
+from concurrent.futures import Executor
 from datetime import datetime, timedelta
 
 from kvwatch.core.collect import instances_matcher, join_matchers
@@ -37,6 +38,12 @@ from kvwatch.errors import PrometheusBadResponse, PrometheusTimeout
 _PROBED = (Signal.KV_USAGE, Signal.RUNNING, Signal.WAITING)
 #: source kinds that read instant gauges (EXPR sources may; re-reading a rate is harmless)
 _GAUGE_KINDS = frozenset({SourceKind.GAUGE, SourceKind.EXPR})
+
+
+def fresh_span(rate_window_s: float) -> float:
+    """The probe's short window, s: half the rate window (at least 2 scrape intervals, as the
+    rate window holds at least 4)."""
+    return rate_window_s / 2.0
 
 
 def leftover_queries(targets: list[Target], user_matchers: str, fresh_s: float) -> dict[str, set[TargetKey]]:
@@ -65,20 +72,41 @@ def find_leftovers(client: QueryClient, targets: list[Target], *, at: datetime, 
     """The targets with a leftover series at some step of [at − window, at]. A store that
     refuses the probe or times out on it finds none there (read as before); an unreachable
     one fails the cycle like any other query."""
+    return start_leftover_probe(client, targets, at=at, window_s=window_s, step_s=step_s,
+                                user_matchers=user_matchers, fresh_s=fresh_s)()
+
+
+def start_leftover_probe(
+    client: QueryClient, targets: list[Target], *, at: datetime, window_s: float, step_s: float,
+    user_matchers: str, fresh_s: float, pool: Executor | None = None,
+) -> Callable[[], list[Target]]:
+    """:func:`find_leftovers` with its queries submitted to ``pool`` (the collection's, so the
+    probe shares its concurrency limit and runs beside the signal queries instead of after
+    them); returns what waits for them and gives the finding. Without a pool the queries run
+    when it is called."""
     start = at - timedelta(seconds=step_s * int(window_s // step_s))  # collect()'s grid
     by_key = {t.key: t for t in targets}
-    hit: set[TargetKey] = set()
-    for query, keys in leftover_queries(targets, user_matchers, fresh_s).items():
+    probes = leftover_queries(targets, user_matchers, fresh_s)
+
+    def one(query: str) -> list[object]:
         try:
-            rows = client.range(query, start, at, step_s)
+            return client.range(query, start, at, step_s)
         except (PrometheusBadResponse, PrometheusTimeout):  # a store that refuses it (syntax, sample
-            continue                                        # limits) or is too slow: read as before
-        for row in rows:
-            labels = row.get("metric", {}) if isinstance(row, dict) else {}
-            key = TargetKey(str(labels.get("job", "")), str(labels.get("instance", "")))
-            if key in keys and len(row.get("values", ())) > 0:
-                hit.add(key)
-    return [by_key[k] for k in by_key if k in hit]
+            return []                                       # limits) or is too slow: read as before
+
+    pending = {q: pool.submit(one, q) for q in probes} if pool is not None else {}
+
+    def finding() -> list[Target]:
+        hit: set[TargetKey] = set()
+        for query, keys in probes.items():
+            for row in pending[query].result() if query in pending else one(query):
+                labels = row.get("metric", {}) if isinstance(row, dict) else {}
+                key = TargetKey(str(labels.get("job", "")), str(labels.get("instance", "")))
+                if key in keys and len(row.get("values", ())) > 0:  # type: ignore[union-attr]
+                    hit.add(key)
+        return [by_key[k] for k in by_key if k in hit]
+
+    return finding
 
 
 def gauge_signals(targets: list[Target], signals: Set[Signal] | None) -> frozenset[Signal]:
@@ -116,7 +144,7 @@ def read_leftovers_exactly(client: QueryClient, data: FleetData, targets: list[T
     rate window: at least 2 scrape intervals, as the rate window holds at least 4."""
     if known is None:
         flagged = find_leftovers(client, targets, at=at, window_s=window_s, step_s=step_s,
-                                 user_matchers=user_matchers, fresh_s=rate_window_s / 2.0) if targets else []
+                                 user_matchers=user_matchers, fresh_s=fresh_span(rate_window_s)) if targets else []
     else:
         flagged = [t for t in targets if t.key in known]
     replace_leftovers(data, lambda few, sigs: fetch(

@@ -16,7 +16,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Set
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import ParamSpec, TypeVar
 
@@ -482,6 +482,7 @@ def collect(
     merge_quantiles: bool = True,
     signals: Set[Signal] | None = None,
     fresh: bool = False,
+    pool: Executor | None = None,
 ) -> FleetData:
     """Fetch every signal of every target over [at − window, at] on a ``step_s`` grid.
 
@@ -499,6 +500,8 @@ def collect(
     ``signals`` (default: all) fetches only these; ``sourced``, ceilings and layouts still
     cover every signal (a two-pass cycle fetches the triage-only ones later, for a few targets).
     ``fresh``: gauges without relabel leftovers (:mod:`kvwatch.core.churn` re-reads those targets).
+    ``pool`` (default: one of ``max_concurrency`` workers for this call): the executor the
+    queries run on, when the caller shares one between this and other queries.
     """
     end = at.timestamp()
     n = int(window_s // step_s)
@@ -555,7 +558,10 @@ def collect(
 
         return q, [row for chunk in _split(served(q), fetch_chunk) for row in chunk]
 
-    with ThreadPoolExecutor(max_workers=max_concurrency) as pool:
+    if pool is None:
+        with ThreadPoolExecutor(max_workers=max_concurrency) as own:
+            answers = list(own.map(run, sorted(mode_of)))
+    else:
         answers = list(pool.map(run, sorted(mode_of)))
     if ceilings is None:
         layouts = bucket_layouts(client, targets, user_matchers, at)

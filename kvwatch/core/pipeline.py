@@ -8,11 +8,12 @@ diagnosis on the parts it fetches.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Set
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from kvwatch.config import Settings
-from kvwatch.core.churn import read_leftovers_exactly
+from kvwatch.core.churn import fresh_span, read_leftovers_exactly, start_leftover_probe
 from kvwatch.core.collect import (
     bucket_layouts,
     ceilings_of,
@@ -113,12 +114,18 @@ def collect_targets(
         max_concurrency=settings.prometheus.max_concurrency, triton_model=settings.discovery.triton_model,
         ceilings=None if probes is None else probes.ceilings, layouts=None if probes is None else probes.layouts,
     )
-    data = collect(client, targets, user_matchers=matchers, signals=signals, **same)  # type: ignore[arg-type]
+    # the leftover probe shares the signal queries' workers: it runs beside them, not after them
+    with ThreadPoolExecutor(max_workers=settings.prometheus.max_concurrency) as pool:
+        probe = start_leftover_probe(client, targets, at=at, window_s=window, step_s=ev.step,
+                                     user_matchers=matchers, fresh_s=fresh_span(rate_s), pool=pool) \
+            if leftovers is None and targets else None
+        data = collect(client, targets, user_matchers=matchers, signals=signals, pool=pool, **same)  # type: ignore[arg-type]
+        known = frozenset(t.key for t in probe()) if probe is not None else leftovers or frozenset()
     read_leftovers_exactly(
         client, data, targets,
         lambda few, sel, sigs: collect(client, few, user_matchers=sel, signals=sigs, fresh=True, **same),  # type: ignore[arg-type]
         at=at, window_s=window, step_s=ev.step, user_matchers=matchers, rate_window_s=rate_s, signals=signals,
-        known=leftovers)
+        known=known)
     data.rate_window_s, data.scrape_interval_s = rate_s, interval
     return data
 
