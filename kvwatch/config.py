@@ -152,6 +152,8 @@ class LifecycleSettings(_Model):
     silences: tuple[Silence, ...] = ()
     #: a blind spot (state unknown) must persist this long before it becomes an incident
     blind_spot_for: Duration = 900.0
+    #: a firing incident whose signals vanished is held open at once, but its thread says so only once they have stayed missing this long (a rollout's or a scrape hiccup's empty cycle says nothing)
+    blind_notice_after: Duration = 120.0
     #: an open incident whose target is blind (present, no data) this long resolves as expired (0 = never); a target gone from scraping resolves after hold_down
     forget_after: Duration = 86400.0
 

@@ -42,7 +42,8 @@ def unknown() -> TargetResult:
 
 
 def lc(**kw: object) -> Lifecycle:
-    base = {"hold_down": 120.0, "reminder_interval": 0.0, "blind_spot_for": 300.0}
+    # blind notices at once unless a test says otherwise (the delay has tests of its own)
+    base = {"hold_down": 120.0, "reminder_interval": 0.0, "blind_spot_for": 300.0, "blind_notice_after": 0.0}
     base.update(kw)
     return Lifecycle(LifecycleSettings(**base))
 
@@ -260,6 +261,53 @@ def test_present_but_blind_is_not_gone() -> None:
     incidents, log = run(lc(hold_down=120), [(0, [result(diag(for_s=0))]), (10, [unknown()]), (500, [unknown()])])
     assert log == [(0, EventKind.FIRE), (10, EventKind.BLIND)]
     assert incidents[FULL_KEY].state is IncidentState.FIRING and incidents[FULL_KEY].blind_since == 10
+
+
+def test_one_empty_cycle_before_a_rollout_says_nothing() -> None:
+    """A pod leaving in a rollout can read "no data" for one cycle before it reads gone: with the
+    default settings the incident is held open at once but its thread hears nothing until the
+    blindness has lasted ``blind_notice_after``; gone first, it resolves quietly."""
+    life = Lifecycle(LifecycleSettings(reminder_interval=0.0))
+    assert life.config.blind_notice_after > 60  # longer than one service cycle
+    seq = [(0, [result(diag(for_s=0))]), (60, [unknown()]), (120, [gone()]), (120 + life.config.hold_down, [gone()])]
+    incidents, log = run(life, seq)
+    assert log == [(0, EventKind.FIRE), (120 + life.config.hold_down, EventKind.RESOLVE)]
+    assert incidents[FULL_KEY].resolution == "gone"
+
+
+def test_lasting_blindness_is_announced_once_after_the_notice_delay() -> None:
+    life = lc(hold_down=60, blind_notice_after=120)
+    seq = [(0, [result(diag(for_s=0))]), *[(t, [blind_full()]) for t in (60, 120, 179, 180, 240, 600)]]
+    incidents: dict[IncidentKey, Incident] = {}
+    log = []
+    for now, results in seq:
+        incidents, events = life.step(incidents, results, now)
+        log.extend((now, e.kind) for e in events)
+        if now == 60:  # held open, frozen, from the first blind cycle
+            assert incidents[FULL_KEY].blind_since == 60 and incidents[FULL_KEY].state is IncidentState.FIRING
+        held = incidents[FULL_KEY]
+        assert Incident.from_json(held.to_json()) == held  # the pending notice survives a restart
+    assert log == [(0, EventKind.FIRE), (180, EventKind.BLIND)]
+
+
+def test_signals_back_before_the_notice_say_nothing() -> None:
+    firing = [result(diag(for_s=0))]
+    incidents, log = run(lc(blind_notice_after=120), [(0, firing), (60, [blind_full()]), (120, firing),
+                                                       (200, [blind_full()]), (260, firing)])
+    assert log == [(0, EventKind.FIRE)]
+    assert incidents[FULL_KEY].blind_since is None and incidents[FULL_KEY].state is IncidentState.FIRING
+
+
+def test_a_blindness_announced_before_the_upgrade_is_not_announced_again() -> None:
+    """State written before ``blind_notice_after`` existed announced blindness at once."""
+    life = lc(blind_notice_after=120)
+    incidents, _ = life.step({}, [result(diag(for_s=0))], 0)
+    incidents, _ = life.step(incidents, [blind_full()], 60)
+    old = incidents[FULL_KEY].to_json()
+    old.pop("blind_announced", None)
+    restored = {FULL_KEY: Incident.from_json(old)}
+    _, events = life.step(restored, [blind_full()], 600)
+    assert events == []
 
 
 def test_absent_from_results_is_gone() -> None:

@@ -17,8 +17,8 @@ Three ways a target can stop matching, kept apart on purpose:
   results altogether) → resolve quietly as ``gone`` after ``hold_down``;
 * *blind*: present but the incident's mode cannot be decided (its signals vanished:
   the per-mode verdict is undecidable, or nothing could be evaluated) → the incident
-  stays open, frozen and marked blind (``blind_since``, ``blind_reason``, one
-  ``blind`` event); nothing resolves, re-fires or reminds until the signals return,
+  stays open, frozen and marked blind (``blind_since``, ``blind_reason``; one
+  ``blind`` event once it has lasted ``blind_notice_after``); nothing resolves, re-fires or reminds until the signals return,
   and clearing is measured from their return. When nothing at all could be evaluated
   (KV usage missing) it resolves as ``expired`` after ``forget_after`` without data. A mode *decided* not matched clears, whatever the
   target's overall state.
@@ -133,6 +133,8 @@ class Incident:
     blind_since: float | None = None
     #: the signals whose absence leaves the mode undecidable
     blind_reason: str = ""
+    #: this blindness was dealt with (its ``blind`` event emitted, or silenced / never announced)
+    blind_announced: bool = False
     last_event_at: float | None = None
     event_severity: Severity | None = None
     event_mode: FailureMode | None = None
@@ -170,6 +172,7 @@ class Incident:
             "triage": list(self.triage),
             "findings": [f.to_json() for f in self.findings],
             "blind_reason": self.blind_reason,
+            "blind_announced": self.blind_announced,
             "silenced": self.silenced,
             "resolution": self.resolution,
             "event_severity": self.event_severity.value if self.event_severity else None,
@@ -204,6 +207,8 @@ class Incident:
             resolved_at=d.get("resolved_at"),
             blind_since=d.get("blind_since"),
             blind_reason=d.get("blind_reason", ""),
+            # records written before the notice delay announced a blindness at once
+            blind_announced=d.get("blind_announced", d.get("blind_since") is not None),
             # records written before the rename hold last_notified_at / notified_severity
             last_event_at=d.get("last_event_at", d.get("last_notified_at")),
             event_severity=Severity(sev) if (sev := d.get("event_severity", d.get("notified_severity"))) else None,
@@ -355,6 +360,7 @@ class Lifecycle:
             "cleared_at": None,
             "blind_since": None,
             "blind_reason": "",
+            "blind_announced": False,
         }
         need = self._required(d.mode)
         if old is None:
@@ -377,7 +383,7 @@ class Lifecycle:
         cleared = old.cleared_at if old.cleared_at is not None else old.last_seen_at
         if old.blind_since is not None:
             cleared = now  # the clear evidence starts when the signals return, not before the blindness
-        inc = replace(old, cleared_at=cleared, blind_since=None, blind_reason="")
+        inc = replace(old, cleared_at=cleared, blind_since=None, blind_reason="", blind_announced=False)
         if now - cleared + _EPS >= self.config.hold_down:
             inc = replace(inc, state=IncidentState.RESOLVED, resolved_at=now, resolution=why)
         return inc
@@ -385,8 +391,9 @@ class Lifecycle:
     def _blind(self, old: Incident, now: float, reason: str, expires: bool) -> tuple[Incident | None, list[Event]]:
         """Present but undecidable: hold the incident open (no silent resolve).
 
-        A firing incident is marked blind once (one ``blind`` event, unless silenced or never
-        announced); nothing resolves, re-fires or reminds until the signals return. ``expires``
+        A firing incident is marked blind (frozen) at once and announced once (one ``blind``
+        event, unless silenced or never announced) when the blindness has lasted
+        ``blind_notice_after``; nothing resolves, re-fires or reminds until the signals return. ``expires``
         (nothing could be evaluated at all): after ``forget_after`` since last seen it resolves as
         ``expired``; a mode left undecidable by some vanished signals is held open until they return.
         """
@@ -395,12 +402,17 @@ class Lifecycle:
             if old.state is IncidentState.PENDING:
                 return None, []
             return self._emit(replace(old, state=IncidentState.RESOLVED, resolved_at=now, resolution="expired"), now)
-        if old.state is not IncidentState.FIRING or old.blind_since is not None:
+        if old.state is not IncidentState.FIRING or old.blind_announced:
             return old, []
-        inc = replace(old, blind_since=now, blind_reason=reason, cleared_at=None)
+        # held open (frozen) from the first blind evaluation; said in the thread only once the
+        # blindness has lasted blind_notice_after (gone or back before that: nothing to say)
+        inc = old if old.blind_since is not None else replace(
+            old, blind_since=now, blind_reason=reason, cleared_at=None, blind_announced=False)
+        assert inc.blind_since is not None
+        if now - inc.blind_since + _EPS < self.config.blind_notice_after:
+            return inc, []
         silenced = self.silenced(inc, now)
-        if silenced != inc.silenced:
-            inc = replace(inc, silenced=silenced)
+        inc = replace(inc, silenced=silenced, blind_announced=True)
         if silenced or not inc.event_emitted:
             return inc, []
         return inc, [Event(EventKind.BLIND, inc, now)]
