@@ -1639,3 +1639,41 @@ def test_a_nearly_empty_pool_whose_few_requests_come_and_go_is_not_oscillating()
     r = _frontend(sigs)
     assert r.state is not FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
     assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "compute_bound"), r.primary
+
+
+_SERVE_NO_RUNNING = frozenset({
+    "trtllm_kv_cache_utilization", "trtllm_num_requests_waiting", "trtllm_num_paused_requests",
+    "trtllm_iteration_latency_seconds", "trtllm_generation_tokens_total", "trtllm_prompt_tokens_total",
+    "trtllm_request_success_total", "trtllm_time_to_first_token_seconds_count",
+    "trtllm_request_queue_time_seconds_count", "trtllm_kv_cache_max_blocks", "trtllm_kv_cache_tokens_per_block",
+})
+
+
+def _stopped_dead() -> dict[Signal, np.ndarray]:
+    """A busy pool whose tokens and completions stop for the last 8 minutes, its KV emptied and
+    its queue reading 0 all along: traffic that stopped, or a wedged scheduler whose admitted
+    requests the queue reading does not count."""
+    stop = np.arange(N) >= N - 16
+    sigs = base(kv_usage=np.where(stop, 0.0, 0.45), waiting=const(0), gen_tps=np.where(stop, 0.0, 1500.0),
+                prompt_tps=np.where(stop, 0.0, 4000.0), request_rate=np.where(stop, 0.0, 3.0))
+    del sigs[Signal.RUNNING]
+    return sigs
+
+
+def test_a_queue_reading_blind_to_a_wedge_cannot_call_a_dead_engine_healthy() -> None:
+    """45 46 rnd-45-045 (trtllm-serve, running gauges dropped: a wedged scheduler with 377 requests
+    admitted and unscheduled, read healthy): without ``num_requests_running`` and
+    ``num_scheduled_requests`` the waiting reading is the executor queue alone, which a wedge
+    with its requests admitted leaves at 0. Tokens stopping dead then leave `stalled`
+    undecidable (unknown), never healthy; so does a Little's-law queue estimate (a stuck request
+    never reports its queue time). A queue gauge that counts them (vLLM's) reading 0 says the
+    traffic stopped: decided, not stalled."""
+    serve = Target(TargetKey("trt", "w"), "trtllm-serve", "trtllm", "m", names=_SERVE_NO_RUNNING)
+    r = _diagnose_as(serve, _stopped_dead())
+    assert r.state is FailureMode.UNKNOWN, r.primary
+    assert r.mode_verdict(FailureMode.IDLE).verdict is Verdict.UNDECIDABLE
+    est = _estimated_queue_target(_stopped_dead(), estimated=True)
+    assert est.state is FailureMode.UNKNOWN, est.primary
+    gauge = _estimated_queue_target(_stopped_dead(), estimated=False)
+    assert gauge.state is not FailureMode.UNKNOWN and gauge.mode_verdict(FailureMode.IDLE).verdict is not Verdict.MATCHED, \
+        gauge.primary

@@ -93,6 +93,9 @@ FACTS: dict[str, str] = {
                               "kvwatch then reads as waiting only the part a within-SLO prefill cannot hold: diagnose/prefill.py), else 0",
     "waiting_estimated": "1 where waiting is the Little's-law estimate from the queue-time histogram (no queue gauge: "
                          "smoothed over the rate window, it lags and never drains between close peaks), else 0",
+    "queue_shows_stalls": "1 where the queue reading shows the requests a wedged scheduler holds; no number (a rule "
+                          "reading it is undecidable) where it cannot: an executor queue alone (admitted requests "
+                          "uncounted) or a Little's-law estimate (a stuck request never reports its queue time)",
     "latency_reach_s": "how far back (s) the requests in the newest latency quantile may have waited: "
                        "the latency window + the sample's age (coarse sampling) + one step",
     "period": "dominant period of KV usage over the window, seconds",

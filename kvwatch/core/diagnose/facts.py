@@ -7,7 +7,7 @@ that triage text quotes; replica-group facts from :mod:`.groups` are merged in.
 from __future__ import annotations
 
 from kvwatch.core.diagnose.view import TargetView
-from kvwatch.core.dialects import waiting_counts_prefill, waiting_is_estimate
+from kvwatch.core.dialects import waiting_counts_prefill, waiting_is_estimate, waiting_shows_stalls
 from kvwatch.core.statistics.series import safe_ratio
 
 
@@ -37,6 +37,8 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "ttft_slo": p.ttft_slo_s,
         "waiting_counts_prefill": 1.0 if waiting_counts_prefill(view.target.dialect) else 0.0,
         "waiting_estimated": 1.0 if waiting_is_estimate(view.target) else 0.0,
+        # no number where the queue reading cannot show a wedge: a rule comparing it is undecidable
+        "queue_shows_stalls": 1.0 if waiting_shows_stalls(view.target) else None,
         "latency_reach_s": p.latency_reach_s,
         "period": period,
         "period_minutes": None if period is None else period / 60,

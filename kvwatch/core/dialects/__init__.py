@@ -37,6 +37,7 @@ from kvwatch.core.dialects.table import (
     resolve,
     waiting_counts_prefill,
     waiting_is_estimate,
+    waiting_shows_stalls,
 )
 from kvwatch.core.dialects.trtllm import TRITON_LLMAPI_BLIND, TRITON_LLMAPI_SOURCES, TRITON_SOURCES
 from kvwatch.core.dialects.vllm import VLLM_SOURCES
@@ -63,4 +64,5 @@ __all__ = [
     "selector",
     "waiting_counts_prefill",
     "waiting_is_estimate",
+    "waiting_shows_stalls",
 ]

@@ -146,6 +146,9 @@ class Source:
     #: for a fallback: how it yields the signal in the signal's one unit (e.g. tokens/s from
     #: decode requests per iteration x iterations per second); shown by explain/check
     estimate: str = ""
+    #: for a queue reading: it does not count requests the engine admitted but does not schedule
+    #: (an executor queue alone), so a wedged scheduler holding its requests admitted reads 0 in it
+    misses_admitted: bool = False
 
     @property
     def requires(self) -> tuple[str, ...]:

@@ -191,6 +191,15 @@ def waiting_is_estimate(target: Target) -> bool:
     return src is not None and bool(src.estimate)
 
 
+def waiting_shows_stalls(target: Target) -> bool:
+    """Whether a target's ``waiting`` shows the requests a wedged scheduler holds: a queue gauge
+    that counts them, not an executor queue alone (requests admitted, unscheduled, uncounted) nor
+    a Little's-law estimate (a request stuck in the queue never reports its queue time).
+    True where no queue source is known (nothing exported: the queue leaf itself is undecidable)."""
+    src = resolve(target).get(Signal.WAITING)
+    return src is None or not (src.estimate or src.misses_admitted)
+
+
 def aborts_count_as_finished(target: Target) -> bool:
     """Whether a target's finished-requests counter (``request_rate``) counts aborted requests
     too, so its progress is that rate minus ``abort_rate`` (True where it has no such counter:

@@ -183,7 +183,8 @@ def trtllm_serve_sources(p: str, m: str) -> dict[Signal, tuple[Source, ...]]:
                     extra_requires=(f"{p}num_requests_running", f"{p}num_scheduled_requests"),
                     note="executor queue + active-but-unscheduled",
                 ),
-                Source(G, f"{p}num_requests_waiting", agg="sum"),
+                Source(G, f"{p}num_requests_waiting", agg="sum", misses_admitted=True,
+                       note="executor queue only: requests admitted but not scheduled are not counted"),
                 queue_occupancy(f"{p}request_queue_time_seconds", m),
             ),
             Signal.PREEMPTIONS: Source(
