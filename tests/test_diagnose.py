@@ -956,6 +956,26 @@ def test_a_busy_healthy_dynamo_frontend_with_requests_in_prefill_is_healthy() ->
     assert r.state is FailureMode.HEALTHY, (r.state, r.reason if hasattr(r, "reason") else r.primary)
 
 
+def test_a_frontend_pool_whose_backlog_drained_is_not_compute_bound_once_its_newest_tail_is_fast() -> None:
+    """45 46 rnd-46-069 (Dynamo frontend, a full episode: 5,400 queued, drained 10 minutes
+    before the end; labelled healthy): the queue is flat at 0 for the whole `for` span, but
+    the 10m TTFT quantiles of that span reach 20 minutes back, so their median still read the
+    backlog's first tokens (p50 109 s) while the newest quantile, holding only requests served
+    since the drain, read 11 ms: paged compute-bound in four variants. The typical request of
+    a compute-bound pool is slow now too: the newest p50 must reach half the SLO."""
+    t = np.arange(N)
+    queue = np.where((t >= 20) & (t < 40), 2000.0 * np.minimum(t - 19, 40 - t), 0.0)
+    ttft = np.where(t < 22, 0.012, np.where(t < N - 1, 110.0, 0.011))
+    sigs = base(kv_usage=np.where(queue > 0, 0.32, 0.03), running=const(20), waiting=queue,
+                request_rate=const(7.7), gen_tps=const(900), ttft_p50=ttft, ttft_p99=ttft * 1.6, ttft_mean=ttft)
+    r = _frontend(sigs)
+    assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "compute_bound"), r.primary
+    # while the newest quantile still holds the backlog's first tokens, it is what the rule reads
+    sigs[Signal.TTFT_P50] = np.where(t < 22, 0.012, 110.0)
+    r = _frontend(sigs)
+    assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "compute_bound"), r.primary
+
+
 def test_a_queue_at_the_frontend_that_grows_is_not_compute_bound() -> None:
     """The frontend's count growing all window long (arrivals above what is served) is a
     queue, whatever else the frontend counts in it: never compute-bound."""
