@@ -151,6 +151,12 @@ def test_a_store_that_refuses_the_probe_is_read_as_before(store: Store, error: E
     with pytest.raises(PrometheusUnreachable):
         find_leftovers(Refusing(PrometheusUnreachable("http://p", "down")), [churned, plain], at=store.at, window_s=1800.0,
                        step_s=30.0, user_matchers=sel, fresh_s=1.5 * INTERVAL)
+    # a server failure is no refusal: the cycle fails as for any other query, not silently partial
+    # (test_faults_http: one HTTP 500 on the first range query, the probe's since it shares the pool)
+    for failed in ("HTTP 500 : internal error", "HTTP 503 with a non-JSON body ('upstream down')"):
+        with pytest.raises(PrometheusBadResponse):
+            find_leftovers(Refusing(PrometheusBadResponse("http://p", failed)), [churned, plain], at=store.at,
+                           window_s=1800.0, step_s=30.0, user_matchers=sel, fresh_s=1.5 * INTERVAL)
 
 
 def test_the_backtest_history_reads_the_churned_twin_alike(store: Store) -> None:

@@ -18,12 +18,13 @@ there and flags nothing (data-parallel engines of one scrape count alike on both
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Set
 from concurrent.futures import Executor
 from datetime import datetime, timedelta
 
-from kvwatch.core.collect import instances_matcher, join_matchers
+from kvwatch.core.collect import instances_matcher, join_matchers, too_large
 from kvwatch.core.dialects import BY, selector
 from kvwatch.core.dialects.model import SourceKind
 from kvwatch.core.dialects.table import resolve
@@ -67,11 +68,18 @@ def leftover_queries(targets: list[Target], user_matchers: str, fresh_s: float) 
     return dict(out)
 
 
+def refused(exc: PrometheusBadResponse) -> bool:
+    """Whether the store refused the query (HTTP 4xx: a syntax it lacks, a sample limit) rather
+    than failed to answer it (5xx, a body that is no API answer)."""
+    m = re.match(r"(?:HTTP )?(\d{3})\b", exc.detail)
+    return (m is not None and m.group(1).startswith("4")) or too_large(exc)
+
+
 def find_leftovers(client: QueryClient, targets: list[Target], *, at: datetime, window_s: float, step_s: float,
                    user_matchers: str, fresh_s: float) -> list[Target]:
     """The targets with a leftover series at some step of [at − window, at]. A store that
-    refuses the probe or times out on it finds none there (read as before); an unreachable
-    one fails the cycle like any other query."""
+    refuses the probe (HTTP 4xx) or times out on it finds none there (read as before); an
+    unreachable or failing one (5xx) fails the cycle like any other query."""
     return start_leftover_probe(client, targets, at=at, window_s=window_s, step_s=step_s,
                                 user_matchers=user_matchers, fresh_s=fresh_s)()
 
@@ -91,8 +99,12 @@ def start_leftover_probe(
     def one(query: str) -> list[object]:
         try:
             return client.range(query, start, at, step_s)
-        except (PrometheusBadResponse, PrometheusTimeout):  # a store that refuses it (syntax, sample
-            return []                                       # limits) or is too slow: read as before
+        except PrometheusTimeout:  # too slow for the probe: read as before
+            return []
+        except PrometheusBadResponse as exc:
+            if refused(exc):  # a store that refuses it (`@`, sample limits): read as before
+                return []
+            raise  # a server failure fails the cycle like any other query, not silently partial
 
     pending = {q: pool.submit(one, q) for q in probes} if pool is not None else {}
 

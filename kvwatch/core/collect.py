@@ -160,7 +160,7 @@ _RE2_META = re.compile(r"[\\.+*?()|\[\]{}^$]")
 MAX_SPLIT_DEPTH = 8
 
 
-def _too_large(exc: PrometheusBadResponse) -> bool:
+def too_large(exc: PrometheusBadResponse) -> bool:
     """Prometheus' answer when a query would exceed ``--query.max-samples`` (or a proxy's limit)."""
     text = exc.detail.lower()
     return "too many samples" in text or "exceeded maximum resolution" in text or "max-samples" in text
@@ -188,7 +188,7 @@ def _split(
         try:
             out.append(fetch(half))
         except PrometheusBadResponse as exc:
-            if not _too_large(exc):
+            if not too_large(exc):
                 raise
             out.extend(_split(half, fetch, depth + 1))
     return out
@@ -549,7 +549,7 @@ def collect(
         try:
             return q, fetch(q, mode)
         except PrometheusBadResponse as exc:
-            if not _too_large(exc):
+            if not too_large(exc):
                 raise
         # Prometheus refused to load that many samples (--query.max-samples): ask again
         # for halves of the targets this query serves, down to single targets.
