@@ -1697,3 +1697,23 @@ def test_a_queue_reading_blind_to_a_wedge_cannot_call_a_dead_engine_healthy() ->
     gauge = _estimated_queue_target(_stopped_dead(), estimated=False)
     assert gauge.state is not FailureMode.UNKNOWN and gauge.mode_verdict(FailureMode.IDLE).verdict is not Verdict.MATCHED, \
         gauge.primary
+
+
+def test_a_ttft_slice_behind_a_frontend_without_its_kv_proxy_is_misread_not_blind() -> None:
+    """23 24 rnd-24-024, 29 30 rnd-29-001, 45 46 rnd-46-027 (Dynamo frontend, capacity metrics
+    dropped: no KV proxy; labelled misread): a slice of requests past the SLO with a fast typical
+    request, no queue and a tail that is not queue time read as a blind spot, because the tail
+    rules' "pool not pinned" guard had no KV to read. A pinned pool is what makes a tail KV
+    pressure, and it shows as a queue or preemptions (which the rules read) before it shows
+    in the tail: the guard stands aside without KV. Full, oscillating and fragmented stay
+    decided (no queue), so the slice is the verdict; without the slice the target stays blind."""
+    rng = np.random.default_rng(7)
+    p99 = 6.0 + rng.random(N)
+    sigs = base(waiting=_little(8.0, 0.05), request_rate=const(8.0), ttft_p50=const(0.03), ttft_p99=p99,
+                ttft_mean=const(0.2), queue_p99=const(0.4))
+    del sigs[Signal.KV_USAGE], sigs[Signal.KV_CAPACITY_TOKENS]
+    r = _frontend(sigs)
+    assert r.state is FailureMode.MISREAD, r.primary
+    sigs[Signal.TTFT_P99] = const(0.5)
+    r = _frontend(sigs)
+    assert r.state is FailureMode.UNKNOWN, r.primary
