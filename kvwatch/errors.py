@@ -66,4 +66,16 @@ class PrometheusTimeout(PrometheusError):
 
 
 class PrometheusBadResponse(PrometheusError):
-    """HTTP error status, a non-JSON body, or a JSON body that is not a Prometheus API answer."""
+    """HTTP error status, a non-JSON body, or a JSON body that is not a Prometheus API answer.
+
+    ``status``: the HTTP status of an error the query API itself answered (JSON
+    ``"status": "error"``); None for anything else (a proxy's page, a broken body)."""
+
+    def __init__(self, url: str, detail: str, status: int | None = None) -> None:
+        super().__init__(url, detail)
+        self.status = status
+
+    @property
+    def refused(self) -> bool:
+        """The API refused this query (4xx: a syntax it lacks, a limit) rather than failed to answer."""
+        return self.status is not None and 400 <= self.status < 500

@@ -130,7 +130,8 @@ def test_victoriametrics_reads_the_churned_twin_alike(store: Store) -> None:
                 assert np.allclose(want, got, equal_nan=True), (dialect, sig.value, want, got)
 
 
-@pytest.mark.parametrize("error", [PrometheusBadResponse("http://p", "422: too many samples"), PrometheusTimeout("http://p", "probe: 30 s")])
+@pytest.mark.parametrize("error", [PrometheusBadResponse("http://p", "422: too many samples"), PrometheusTimeout("http://p", "probe: 30 s"),
+                                   PrometheusBadResponse("http://p", "HTTP 422 bad_data: unknown modifier @", status=422)])
 def test_a_store_that_refuses_the_probe_is_read_as_before(store: Store, error: Exception) -> None:
     """A long-term store without ``@``, a sample limit or a slow probe: no leftover is found and
     the gauges are read as before; an unreachable store still fails the cycle."""
@@ -151,6 +152,10 @@ def test_a_store_that_refuses_the_probe_is_read_as_before(store: Store, error: E
     with pytest.raises(PrometheusUnreachable):
         find_leftovers(Refusing(PrometheusUnreachable("http://p", "down")), [churned, plain], at=store.at, window_s=1800.0,
                        step_s=30.0, user_matchers=sel, fresh_s=1.5 * INTERVAL)
+    # the query API's own error answer carries its status: a query it cannot parse is refused
+    with pytest.raises(PrometheusBadResponse) as bad:
+        PromClient(store.url).range("sum(", store.at, store.at, 30.0)
+    assert bad.value.status == 400 and bad.value.refused
     # a server failure is no refusal: the cycle fails as for any other query, not silently partial
     # (test_faults_http: one HTTP 500 on the first range query, the probe's since it shares the pool)
     for failed in ("HTTP 500 : internal error", "HTTP 503 with a non-JSON body ('upstream down')"):

@@ -407,7 +407,7 @@ class Lifecycle:
         # held open (frozen) from the first blind evaluation; said in the thread only once the
         # blindness has lasted blind_notice_after (gone or back before that: nothing to say)
         inc = old if old.blind_since is not None else replace(
-            old, blind_since=now, blind_reason=reason, cleared_at=None, blind_announced=False)
+            old, blind_since=now, blind_reason=reason, cleared_at=None)
         assert inc.blind_since is not None
         if now - inc.blind_since + _EPS < self.config.blind_notice_after:
             return inc, []

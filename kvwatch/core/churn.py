@@ -18,7 +18,6 @@ there and flags nothing (data-parallel engines of one scrape count alike on both
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Callable, Set
 from concurrent.futures import Executor
@@ -68,13 +67,6 @@ def leftover_queries(targets: list[Target], user_matchers: str, fresh_s: float) 
     return dict(out)
 
 
-def refused(exc: PrometheusBadResponse) -> bool:
-    """Whether the store refused the query (HTTP 4xx: a syntax it lacks, a sample limit) rather
-    than failed to answer it (5xx, a body that is no API answer)."""
-    m = re.match(r"(?:HTTP )?(\d{3})\b", exc.detail)
-    return (m is not None and m.group(1).startswith("4")) or too_large(exc)
-
-
 def find_leftovers(client: QueryClient, targets: list[Target], *, at: datetime, window_s: float, step_s: float,
                    user_matchers: str, fresh_s: float) -> list[Target]:
     """The targets with a leftover series at some step of [at − window, at]. A store that
@@ -102,7 +94,7 @@ def start_leftover_probe(
         except PrometheusTimeout:  # too slow for the probe: read as before
             return []
         except PrometheusBadResponse as exc:
-            if refused(exc):  # a store that refuses it (`@`, sample limits): read as before
+            if exc.refused or too_large(exc):  # a store that refuses it (`@`, sample limits): read as before
                 return []
             raise  # a server failure fails the cycle like any other query, not silently partial
 

@@ -289,7 +289,8 @@ class PromClient:
             self.stats.add(len(body), [], True)
             err = doc.get("error", "no error text") if isinstance(doc, dict) else "not a JSON object"
             etype = doc.get("errorType", "") if isinstance(doc, dict) else ""
-            raise PrometheusBadResponse(self.url, f"HTTP {resp.status_code} {etype}: {err}".replace("  ", " "))
+            raise PrometheusBadResponse(self.url, f"HTTP {resp.status_code} {etype}: {err}".replace("  ", " "),
+                                        status=resp.status_code if isinstance(doc, dict) else None)
         data = doc.get("data")
         result = data.get("result") if isinstance(data, dict) else None
         if not isinstance(result, list):

@@ -84,12 +84,18 @@ def diagnose(
     # match that the samples do not cover yet is fetched too (it turns undecided; one more row
     # read, the same result). Explained (or reference) targets have no fleet-wide outcomes:
     # their draft, made first, says whether they matched.
-    own = [j for j, t in enumerate(targets) if t.key in later and outcomes(j, t.key) is None]
-    for j in own:
-        first_pass(j)
-    pending = [j for j, t in enumerate(targets) if t.key in later and (
-        any(o[j].result for o in per_rule) and not gone_reason(views[j]) if results[j] is None
-        else any(c.verdict is Verdict.MATCHED for c in results[j].checks))]  # type: ignore[union-attr]
+    for j, t in enumerate(targets):
+        if t.key in later and outcomes(j, t.key) is None:
+            first_pass(j)
+
+    def matched(j: int) -> bool:
+        r = results[j]
+        if r is not None:  # drafted: its own checks
+            return any(c.verdict is Verdict.MATCHED for c in r.checks)
+        # a gone or stale target shows no rule whatever its outcomes
+        return any(o[j].result for o in per_rule) and not gone_reason(views[j])
+
+    pending = [j for j, t in enumerate(targets) if t.key in later and matched(j)]
     again = set(pending)
     keys = [targets[j].key for j in pending]
     with ThreadPoolExecutor(max_workers=1) as pool:
