@@ -82,7 +82,7 @@ class EvaluationSettings(_Model):
     #: `kvwatch run`: keep the window in memory and fetch only the new steps each cycle
     incremental: bool = True
     # late samples (scrape duration, remote write, VictoriaMetrics' 30 s latency offset) can still change them
-    #: `kvwatch run`: the last steps re-fetched every cycle besides the new ones (cover late samples)
+    #: `kvwatch run`: steps this close to the last cycle's instant are fetched again besides the new ones (cover late samples)
     overlap: Duration = 60.0
 
 

@@ -14,9 +14,11 @@ steps in. The result equals a full fetch at the same instant
 * Only the decision signals are kept and spliced (``RuleSet.decision_signals``); the
   triage-only ones are read afterwards, for the targets with a matched rule only, by
   :func:`kvwatch.core.pipeline.counted` (the same second pass as a full fetch's).
+* A step ``overlap`` or more older than the last cycle's instant had settled then and is
+  not read again: a steady cycle fetches its new steps and the overlap's unsettled ones.
 * Latency quantiles sampled coarsely are sampled at fixed absolute instants
-  (``core.collect.first_coarse_slot``), and the fetched span starts on one of them,
-  so their held values splice exactly.
+  (``core.collect.first_coarse_slot``), the same in the kept and the fetched part, and
+  each sample is held over the steps after it again once spliced.
 * Discovery runs again when the number of live engine series changes (one cheap
   ``count``), and at least every ``discovery.refresh_cycles`` cycles for changes
   a count cannot see (a model label renamed; a stale target leaving the window).
@@ -45,6 +47,7 @@ import numpy as np
 
 from kvwatch.config import Settings
 from kvwatch.core.collect import (
+    _hold_forward,
     _hold_index,
     _latency_hold,
     first_coarse_slot,
@@ -130,7 +133,9 @@ def splice(old: FleetData, new: FleetData, grid: np.ndarray, modes: Modes, hold_
         if fetched:
             mat[fetched, m0:] = np.stack([rows[i][2] for i in fetched])  # type: ignore[misc]
         if mode == "coarse":
-            mat[:, hold_src < 0] = np.nan  # before the window's first sample slot nothing is held
+            # the samples sit on fixed absolute slots in both parts: hold each over the steps
+            # after it again (the fetched span may start between two slots)
+            mat = _hold_forward(mat, hold_src)
         for (dest, _, _), row in zip(rows, mat, strict=True):
             dest[sig] = row
     for key in [key for key, sigs in out.series.items() if not sigs]:
@@ -212,13 +217,12 @@ class IncrementalEvaluator:
         old, old_targets = self._data, (self._data.targets if self._data is not None else {})
         advanced = (end - old.grid[-1]) / step if old is not None else -1.0
         k = int(np.rint(advanced))
-        # overlap in whole steps, then back to a coarse sample slot so held latency values splice exactly
-        m = k + math.ceil(ev.overlap / step)
+        # the new steps and the kept ones that had not settled when they were read: a step
+        # ``overlap`` or more older than that instant had all its samples (m + 1 grid points)
+        m = max(k + math.ceil(ev.overlap / step) - 1, 0)
         # the windows the kept data were fetched with (widened for slow scrapes, core/scrape.py)
         kept_windows = self._windows(ev, old) if old is not None else (ev.rate_window, ev.latency_window)
         hold = _latency_hold(format_duration(kept_windows[1]), step)
-        if hold > 1 and 0 <= m < n:  # step back to a slot whose step number is a multiple of hold
-            m += int(np.rint(grid[n - m] / step)) % hold
         # scrape interval and bucket layouts change rarely: measured with discovery, for the
         # whole fleet at once (as a full fetch measures them), and reused in between
         if self.last_discovered or self._probes is None:
