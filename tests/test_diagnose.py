@@ -1661,6 +1661,32 @@ def test_a_nearly_empty_pool_whose_few_requests_come_and_go_is_not_oscillating()
     assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "compute_bound"), r.primary
 
 
+def test_a_batch_at_its_own_small_peak_far_below_the_exported_cap_is_no_limit() -> None:
+    """Corpus 47 48 (rnd-48-022, Dynamo frontend in front of an engine 17x slow at 0.03
+    requests/s, compute-bound by mechanism, paged oscillating in six variants): running 1-8
+    of an exported cap of 1,024 sits at its own maximum 8 for a quarter of the window, and
+    the frontend's queue gauge counts the slow prefills (0-5). "The batch at its ceiling" is
+    a limit only where no cap is exported or the ceiling is near that cap."""
+    kv = [0.0202, 0.0247, 0.0184, 0.02, 0.0136, 0.0117, 0.014, 0.0102, 0.0067, 0.00784, 0.011, 0.0111, 0.0111,
+          0.00883, 0.00888, 0.0164, 0.0165, 0.0165, 0.0167, 0.019, 0.0217, 0.0219, 0.0303, 0.0195, 0.0221, 0.0205,
+          0.0137, 0.0139, 0.0106, 0.00511, 0.00566, 0.0117, 0.0187, 0.0187, 0.0257, 0.0294, 0.0293, 0.0233, 0.016,
+          0.0245, 0.0183, 0.0218, 0.0219, 0.0271, 0.0311, 0.0277, 0.0279, 0.0172, 0.00655, 0.00179, 0.00337,
+          0.00779, 0.024, 0.024, 0.0251, 0.0253, 0.0223, 0.0248, 0.0208, 0.0212, 0.0205]
+    running = [6, 7, 6, 7, 5, 4, 4, 4, 3, 3, 4, 4, 4, 3, 3, 3, 4, 4, 4, 3, 6, 6, 8, 7, 8, 7, 4, 5, 4, 2, 2, 2, 4, 5,
+               6, 7, 7, 6, 5, 5, 4, 6, 6, 6, 7, 8, 8, 5, 2, 1, 1, 3, 3, 4, 8, 8, 7, 7, 5, 5, 4]
+    waiting = [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 2, 1, 0,
+               1, 1, 1, 0, 0, 2, 1, 0, 0, 1, 2, 0, 0, 0, 0, 0, 0, 0, 5, 4, 0, 0, 0, 0, 0, 0, 1]
+    sigs = base(kv_usage=np.array(kv), running=np.array(running, dtype=float), waiting=np.array(waiting, dtype=float),
+                max_running=const(1024), request_rate=0.03 + 0.015 * np.sin(GRID / 120), gen_tps=const(4.5),
+                ttft_p50=const(15.0), ttft_mean=const(15.5), ttft_p99=const(39.0))
+    r = _frontend(sigs)
+    assert r.state is not FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+    # the same batch without an exported cap: its own ceiling may be max_num_seqs
+    del sigs[Signal.MAX_RUNNING]
+    capped = _frontend(sigs)
+    assert capped.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in capped.diagnoses]
+
+
 _SERVE_NO_RUNNING = frozenset({
     "trtllm_kv_cache_utilization", "trtllm_num_requests_waiting", "trtllm_num_paused_requests",
     "trtllm_iteration_latency_seconds", "trtllm_generation_tokens_total", "trtllm_prompt_tokens_total",
