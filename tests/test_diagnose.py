@@ -1262,6 +1262,28 @@ def test_two_bumps_of_an_estimated_queue_are_no_held_queue() -> None:
     assert _estimated_queue_target(sigs, estimated=False).state is FailureMode.OSCILLATING
 
 
+def test_an_oscillation_that_ended_is_over_sooner_behind_an_estimated_queue() -> None:
+    """Corpus 43 44 (rnd-43-050, vLLM 0.10, no-waiting variant: an oscillating episode that
+    ended 682 s before the end, labelled healthy, paged oscillating): the Little's-law queue
+    estimate averages queue times over its 2-minute rate window, so it still read a queue
+    ~2 minutes after the last one (540 s before the end), inside the 10-minute recency.
+    Behind an estimate, that recency is shortened by the estimate's lag; a gauge keeps it."""
+    t = GRID - GRID[0]
+    episode = t < 1140  # the swings stop 660 s before the end
+    sigs = _capped_swings_behind_a_smoothed_queue(
+        np.where(episode, 25 + 20 * np.sin(2 * np.pi * (t - 30) / 160),
+                 np.clip(25 * (1 - (t - 1140) / 120), 0, None)))  # the estimate's 2-minute tail
+    for sig, calm in ((Signal.KV_USAGE, 0.03), (Signal.RUNNING, 6.0), (Signal.GEN_TPS, 300.0),
+                      (Signal.REQUEST_RATE, 1.0)):
+        sigs[sig] = np.where(episode, sigs[sig], calm)
+    r = _estimated_queue_target(sigs, estimated=True)
+    assert r.state is not FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+    # a gauge that read the queue at every peak, the last one 570 s ago, saw it then: the cycle
+    # may be in its trough
+    sigs[Signal.WAITING] = np.where((t <= 1230) & (np.sin(2 * np.pi * (t - 30) / 160) > 0.3), 20.0, 0.0)
+    assert _estimated_queue_target(sigs, estimated=False).state is FailureMode.OSCILLATING
+
+
 def test_a_pool_that_fills_and_drains_behind_an_estimated_queue_that_never_empties_is_oscillating() -> None:
     """Behind an estimated queue, the pool filling and draining again and again while requests
     keep waiting is the pressure at every peak: the estimate cannot drain between peaks."""
