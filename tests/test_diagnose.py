@@ -602,6 +602,23 @@ def test_a_tail_with_preemptions_in_its_window_is_kv_pressure_not_a_slice(burst_
     assert diagnose_one(sigs).state is state
 
 
+def test_a_batch_that_reaches_its_exported_cap_is_not_low_demand() -> None:
+    """Corpus 55 56 (rnd-55-053, trtllm-serve with max_num_seqs 8, periodic load peaking at
+    0.69x of what 8 slots serve, labelled healthy, read low demand in four variants): KV stays
+    near 1 % because 8 requests fill a sliver of the pool, but the batch reached its exported
+    cap at the peaks and a request queued once. The slots are the capacity here: such a pool is
+    not over-provisioned, and consolidating replicas would queue its peaks."""
+    running = np.tile([2.0, 4, 6, 8, 6, 4, 2, 1], N // 8 + 1)[:N]
+    sigs = base(kv_usage=0.001 + 0.0015 * running, running=running, max_running=const(8), gen_tps=20 * running,
+                waiting=np.where(np.arange(N) == 28, 1.0, 0.0), request_rate=0.1 * running)
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.HEALTHY, r.primary
+    # the same traffic far below a cap of 64 is low demand
+    sigs[Signal.MAX_RUNNING] = const(64)
+    r = diagnose_one(sigs)
+    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "low_demand"), r.primary
+
+
 def test_low_demand_asks_to_confirm_requests_are_fast_before_consolidating() -> None:
     """Corpora 25 26, 37 38 (rnd-26-043 Triton, rnd-26-066 TGI: engines 20x slow, no TTFT
     histogram, read low demand): an empty pool whose requests are slow is compute-bound, and
