@@ -1301,6 +1301,34 @@ def test_an_oscillation_that_ended_is_over_sooner_behind_an_estimated_queue() ->
     assert _estimated_queue_target(sigs, estimated=False).state is FailureMode.OSCILLATING
 
 
+def test_a_capped_batch_cycling_behind_an_estimated_queue_is_oscillating() -> None:
+    """Corpus 55 56 (rnd-55-004, vLLM v0 with max_num_seqs 8, arrivals pulsing every ~5 min to
+    1.09x what 8 slots serve; no-waiting variant read healthy) and 31 32 (rnd-32-001, vLLM
+    0.8.2, no-waiting, read fragmented): the batch fills to its ceiling of 8 at every peak and
+    drains to 0-1 between, while the pool barely moves (KV under 1.1 %). The Little's-law
+    estimate (no queue gauge) never drains between close peaks, and the pool's swings are too
+    small to count: the batch at its ceiling at every peak, with a period, is the pressure."""
+    running = [6, 6, 8, 8, 8, 8, 8, 1, 0, 3, 4, 5, 8, 8, 8, 8, 8, 5, 0, 2, 4, 3, 8, 8, 8, 8, 6, 1, 0, 1, 5, 5, 6, 8,
+               8, 6, 0, 0, 0, 3, 7, 7, 5, 8, 8, 4, 1, 2, 2, 5, 8, 8, 8, 8, 8, 5, 1, 0, 5, 4, 5]
+    queue = [17.7, 7.97, 0.284, 1.51, 5.57, 8.34, 10.3, 9.72, 5.66, 2.9, 0.72, 0, 0.435, 3.29, 8.31, 13.6, 19.2, 19.5,
+             14.6, 9.3, 3.28, 0.301, 0.557, 1.29, 2.01, 2.99, 2.83, 2.09, 1.37, 0.237, 0, 0.027, 0.04, 1.05, 5.24,
+             6.1, 6.09, 5.08, 0.896, 0.0105, 0, 0.093, 0.475, 0.534, 3.5, 6.18, 5.8, 5.74, 2.77, 0.000724, 0.247,
+             1.94, 5.8, 9.31, 13.1, 11.9, 8.05, 4.54, 0.465, 0, 0.0275]
+    rate = [0.875, 0.717, 0.642, 0.892, 1.27, 1.51, 1.54, 1.4, 1.02, 0.617, 0.4, 0.4, 0.675, 1, 1.29, 1.41, 1.41,
+            1.31, 1.02, 0.742, 0.575, 0.625, 0.808, 1.09, 1.36, 1.4, 1.38, 1.16, 0.767, 0.5, 0.392, 0.608, 0.9, 1.12,
+            1.41, 1.44, 1.26, 1.02, 0.625, 0.358, 0.433, 0.725, 1.09, 1.27, 1.38, 1.37, 1.12, 0.867, 0.683, 0.475,
+            0.575, 0.9, 1.17, 1.39, 1.54, 1.49, 1.23, 0.975, 0.65, 0.517, 0.692]
+    kv = [0.0061, 0.0036, 0.0077, 0.0058, 0.0055, 0.0027, 0.0056, 0.0003, 0, 0.0017, 0.0021, 0.0024, 0.0051, 0.0064,
+          0.0059, 0.0048, 0.0102, 0.0049, 0, 0.0018, 0.0039, 0.0017, 0.0066, 0.0067, 0.0103, 0.005, 0.0022, 0.0012, 0,
+          0.0009, 0.0044, 0.0022, 0.0044, 0.0039, 0.0082, 0.0038, 0, 0, 0, 0.0015, 0.0055, 0.004, 0.0065, 0.0059,
+          0.0039, 0.0047, 0.0004, 0.0003, 0.001, 0.0044, 0.0064, 0.0071, 0.0045, 0.0074, 0.0078, 0.0032, 0.0009, 0,
+          0.0028, 0.0021, 0.0037]
+    sigs = base(kv_usage=np.array(kv), running=np.array(running, dtype=float), waiting=np.array(queue),
+                gen_tps=85 * np.array(rate), request_rate=np.array(rate))
+    r = _estimated_queue_target(sigs, estimated=True)
+    assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+
+
 def test_a_pool_that_fills_and_drains_behind_an_estimated_queue_that_never_empties_is_oscillating() -> None:
     """Behind an estimated queue, the pool filling and draining again and again while requests
     keep waiting is the pressure at every peak: the estimate cannot drain between peaks."""
