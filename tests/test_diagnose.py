@@ -1219,6 +1219,25 @@ def test_a_slow_dynamo_pool_whose_small_batch_comes_and_goes_is_not_oscillating(
     assert r.state is not FailureMode.OSCILLATING, r.primary
 
 
+def test_a_queue_longer_than_the_engine_cap_behind_the_dynamo_frontend_is_a_limit() -> None:
+    """Corpus 33 34 (rnd-33-069, Dynamo frontend, an oscillating episode that ended 478 s before
+    the end, read healthy in five variants): 233-1,660 requests queued at each of five peaks and
+    none between, while the router's KV proxy never passed 2 % and running (decode only) peaked
+    at 102 of a cap of 128. The frontend's queue gauge counts prefills too, which is why its
+    peaks must reach a limit; but a request in prefill holds one of the engine's slots, so a
+    queue longer than the whole cap is requests no engine admitted: that is the limit."""
+    t = GRID - GRID[0]
+    peak = (t >= 510) & (t < 1350) & ((t - 510) % 210 < 120)
+    sigs = base(kv_usage=np.where(peak, 0.019, 0.003), running=np.where(peak, 96.0, 16.0),
+                waiting=np.where(peak, 1200.0, 0.0), max_running=const(128), request_rate=np.where(peak, 9.0, 2.0),
+                gen_tps=np.where(peak, 2500.0, 500.0), ttft_p50=const(0.5), ttft_p99=const(30.0), ttft_mean=const(8.0))
+    r = _frontend(sigs)
+    assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+    # the same peaks with a few requests in prefill (fewer than the cap) reach no limit
+    sigs[Signal.WAITING] = np.where(peak, 40.0, 0.0)
+    assert _frontend(sigs).state is not FailureMode.OSCILLATING
+
+
 def test_a_slow_dynamo_pool_whose_kv_proxy_reaches_half_is_not_oscillating() -> None:
     """Corpus 33 34 (rnd-34-015, a compute-bound pool behind the Dynamo frontend, an engine 8x
     slow, paged oscillating): the router's KV proxy swings 0-53 % over a 15-minute period with
