@@ -28,6 +28,7 @@ from kvwatch.core.discover import discover
 from kvwatch.core.models import FailureMode
 from kvwatch.core.promclient import PromClient
 from kvwatch.core.rules import load_ruleset
+from kvwatch.core.scrape import interval_queries
 from kvwatch.tools.backtest.replay import run_backtest
 from kvwatch.tools.backtest.synth import SynthTarget, write_openmetrics
 
@@ -120,8 +121,11 @@ def test_queries_do_not_depend_on_steps(prom_url: str) -> None:
     # relabel-leftover probes: one per KV family (kvwatch/core/churn.py), once for the whole span
     probes = len(leftover_queries(targets, "", 60.0))
     assert probes >= 1
+    # the scrape-interval probe (raw KV samples, one per KV family) sizes the rate windows once
+    intervals = len(interval_queries(targets, ""))
+    assert intervals >= 1
     # two discovery queries + one per (signal, source), less the merged quantiles, + the bucket bounds
-    assert counts[0][0] == counts[1][0] == counts[0][1] == 2 + len(queries) - merged + n_buckets + probes
+    assert counts[0][0] == counts[1][0] == counts[0][1] == 2 + len(queries) - merged + n_buckets + probes + intervals
 
 
 def test_last_step_equals_once_and_cli_outputs(prom_url: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

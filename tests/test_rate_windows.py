@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
@@ -22,12 +22,14 @@ from support.prom import backfill, prometheus
 from kvwatch.config import load_settings
 from kvwatch.core.collect import collect
 from kvwatch.core.discover import discover
-from kvwatch.core.models import FailureMode
-from kvwatch.core.pipeline import evaluate
+from kvwatch.core.models import FailureMode, TargetKey
+from kvwatch.core.pipeline import collect_targets, evaluate, find_targets
 from kvwatch.core.promclient import PromClient
 from kvwatch.core.rules import load_ruleset
-from kvwatch.core.scrape import detect_interval
+from kvwatch.core.scrape import detect_interval, slower_than_fleet
 from kvwatch.core.signals import Signal
+from kvwatch.service.incremental import IncrementalEvaluator
+from kvwatch.tools.backtest.replay import run_backtest
 
 pytestmark = [pytest.mark.prometheus]
 
@@ -36,12 +38,12 @@ COUNTERS = (Signal.GEN_TPS, Signal.PROMPT_TPS, Signal.REQUEST_RATE, Signal.PREEM
 SPAN = 3000.0
 
 
-def _member(w: fleet._Writer, interval: float, end: float) -> None:
+def _member(w: fleet._Writer, interval: float, end: float, instance: str | None = None) -> None:
     t0 = end - SPAN
     n = int(SPAN // interval)
     # scrape k lands within ±2 s of its slot (deterministic jitter); the last one exactly at end
     times = [t0 + k * interval + (2.0 * math.sin(1.7 * k) if k < n else 0.0) for k in range(n + 1)]
-    fleet.write_engine(w, "vllm-0.33", {"job": "vllm", "instance": f"i{interval:g}:8000", "engine": "0"}, times, t0,
+    fleet.write_engine(w, "vllm-0.33", {"job": "vllm", "instance": instance or f"i{interval:g}:8000", "engine": "0"}, times, t0,
                        "healthy")
 
 
@@ -103,3 +105,88 @@ def test_rate_window_widens_with_the_scrape_interval(store: Store, interval: flo
     assert r.state is FailureMode.HEALTHY, (r.state, r.primary and r.primary.summary)
     rw = f"{int(ev.rate_window_s)}s"
     assert all(g == 0.0 for g in _gaps(store, interval, rw).values()), (rw, _gaps(store, interval, rw))
+
+
+#: a fleet scraped mostly every 15 s with one slow job (60 s): the fleet's window is sized
+#: for the 15 s majority (the slow target is under the 90th percentile of intervals)
+FAST_MEMBERS = 11
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    end = math.floor((time.time() - 4 * 3600) / 600) * 600
+    w = fleet._Writer()
+    for i in range(FAST_MEMBERS):
+        _member(w, 15.0, end, f"fast{i}:8000")
+    _member(w, 60.0, end, "slow:8000")
+    work = tmp_path_factory.mktemp("rate-windows-mixed")
+    backfill(w.text(), work / "data")
+    with prometheus(tsdb=work / "data") as url:
+        yield Store(url, datetime.fromtimestamp(end, tz=UTC))
+
+
+def test_a_slow_minority_gets_its_own_rate_window(mixed: Store) -> None:
+    """One target scraped every 60 s among 15 s ones: the fleet window (2 m, right for the
+    majority) would leave its counters with gaps; it is re-read with a window of 4 of its
+    own intervals, and the majority keeps its 2 m window."""
+    settings = load_settings(None, environ={}, overrides={})
+    client = PromClient(mixed.url)
+    targets = find_targets(client, settings, mixed.at)
+    data = collect_targets(client, settings, load_ruleset(), targets, mixed.at)
+    assert data.rate_window_s == pytest.approx(120.0)
+    by_name = {t.key.instance: t.key for t in targets}
+    slow = by_name["slow:8000"]
+    gaps = {s: float(np.mean(~np.isfinite(data.values(slow, s)))) for s in COUNTERS}
+    assert all(g == 0.0 for g in gaps.values()), gaps
+    assert data.target_rate_window_s == {slow: pytest.approx(240.0, rel=0.15)}
+    for i in range(FAST_MEMBERS):
+        fast = by_name[f"fast{i}:8000"]
+        assert all(np.all(np.isfinite(data.values(fast, s))) for s in COUNTERS)
+    ev = evaluate(client, settings, load_ruleset(), mixed.at)
+    states = {r.target.key.instance: r.state for r in ev.results}
+    assert set(states.values()) == {FailureMode.HEALTHY}, states
+
+
+def test_the_service_keeps_the_slow_targets_window_across_incremental_cycles(mixed: Store) -> None:
+    """The incremental service re-reads the slow target's new steps with its own window too:
+    its spliced rows equal a full fetch's at the same instant."""
+    settings = load_settings(None, environ={}, overrides={})
+    rules = load_ruleset()
+    client = PromClient(mixed.url)
+    inc = IncrementalEvaluator()
+    for back in (300, 120, 0):
+        inc(client, settings, rules, mixed.at - timedelta(seconds=back))
+    assert inc.last_mode == "incremental" and inc.data is not None
+    full = collect_targets(client, settings, rules, find_targets(client, settings, mixed.at), mixed.at,
+                           signals=rules.decision_signals())
+    slow = next(k for k in full.targets if k.instance == "slow:8000")
+    assert inc.data.target_rate_window_s == full.target_rate_window_s == {slow: 240.0}
+    for sig in COUNTERS:
+        if sig in full.series[slow]:
+            np.testing.assert_array_equal(inc.data.values(slow, sig), full.values(slow, sig), err_msg=sig.value)
+            assert np.all(np.isfinite(inc.data.values(slow, sig))), sig
+
+
+def test_which_targets_are_slower_than_the_fleet() -> None:
+    """Own window = 4 own intervals, rounded up to whole minutes after 5 % jitter slack; only
+    windows over 1.25 × the fleet's are read apart; no fleet interval, no classes."""
+    own = {TargetKey("a", "15"): 15.0, TargetKey("a", "37"): 37.0, TargetKey("a", "60"): 60.0,
+           TargetKey("a", "61.5"): 61.5, TargetKey("a", "120"): 120.0}
+    assert slower_than_fleet(120.0, 15.0, own) == {
+        TargetKey("a", "60"): 240.0, TargetKey("a", "61.5"): 240.0, TargetKey("a", "120"): 480.0}
+    assert slower_than_fleet(120.0, 60.0, own) == {TargetKey("a", "120"): 480.0}
+    assert slower_than_fleet(120.0, None, own) == {}
+    assert slower_than_fleet(600.0, 15.0, own) == {}  # a wide configured window covers them all
+
+
+def test_the_backtest_sizes_windows_from_the_scrape_interval_too(mixed: Store) -> None:
+    """``kvwatch backtest`` over the mixed fleet: the slow target's counters hold no gaps over
+    the replayed span, as in ``once``, and every target is replayed healthy."""
+    settings = load_settings(None, environ={}, overrides={})
+    result = run_backtest(PromClient(mixed.url), settings, load_ruleset(), mixed.at - timedelta(minutes=20), mixed.at)
+    assert result.history is not None
+    slow = next(k for k in result.history.targets if k.instance == "slow:8000")
+    span = result.history.grid >= (mixed.at - timedelta(minutes=20)).timestamp()
+    gaps = {s: float(np.mean(~np.isfinite(result.history.values(slow, s)[span]))) for s in COUNTERS}
+    assert all(g == 0.0 for g in gaps.values()), gaps
+    assert {s for tl in result.timelines for s in tl.states} == {FailureMode.HEALTHY}

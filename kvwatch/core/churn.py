@@ -119,6 +119,17 @@ def gauge_signals(targets: list[Target], signals: Set[Signal] | None) -> frozens
     return frozenset(out if signals is None else out & set(signals))
 
 
+#: sources read at an instant, with no rate or latency window
+_PLAIN_KINDS = frozenset({SourceKind.GAUGE, SourceKind.VLLM_CACHE_INFO})
+
+
+def rate_signals(targets: list[Target], signals: Set[Signal] | None) -> frozenset[Signal]:
+    """The requested signals that some of ``targets`` read through a window (counters,
+    histograms, expressions that may hold a ``rate``)."""
+    out = {s for t in targets for s, src in resolve(t).items() if src.kind not in _PLAIN_KINDS}
+    return frozenset(out if signals is None else out & set(signals))
+
+
 def replace_leftovers(data: FleetData, refetch: Callable[[list[Target], frozenset[Signal]], FleetData],
                       flagged: list[Target], signals: Set[Signal] | None) -> None:
     """Overwrite the gauge signals of ``flagged`` in ``data`` with ``refetch``'s exact reading

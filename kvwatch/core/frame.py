@@ -50,6 +50,9 @@ class FleetData:
     rate_window_s: float = 0.0
     #: the scrape interval measured from the data, s (None: not measured)
     scrape_interval_s: float | None = None
+    #: targets scraped slower than the fleet and the rate window their counters and
+    #: histograms were re-read with, s (``core/scrape.slower_than_fleet``)
+    target_rate_window_s: dict[TargetKey, float] = field(default_factory=dict)
     #: targets whose gauges were re-read without relabel leftovers (kvwatch.core.churn);
     #: None: not looked for
     leftovers: frozenset[TargetKey] | None = None

@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from kvwatch.config import Settings
-from kvwatch.core.churn import fresh_span, read_leftovers_exactly, start_leftover_probe
+from kvwatch.core.churn import (
+    fresh_span,
+    rate_signals,
+    read_leftovers_exactly,
+    start_leftover_probe,
+)
 from kvwatch.core.collect import (
     bucket_layouts,
     ceilings_of,
@@ -28,7 +33,7 @@ from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Evaluation, Target, TargetKey
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.rules import RuleSet
-from kvwatch.core.scrape import detect_interval, rate_window
+from kvwatch.core.scrape import detect_intervals, rate_window, slower_than_fleet
 from kvwatch.core.selector import parse_selector, render_matchers
 from kvwatch.core.shard import Shard
 from kvwatch.core.signals import Signal
@@ -52,8 +57,9 @@ def find_targets(client: QueryClient, settings: Settings, at: datetime) -> list[
 class Probes:
     """What collection measures besides the signals; both change rarely.
 
-    ``interval_s``: the scrape interval (``core/scrape.py``; None: not measurable), which
-    widens the rate and latency windows. ``ceilings``: per target and quantile signal the
+    ``interval_s``: the fleet's scrape interval (``core/scrape.py``; None: not measurable),
+    which widens the rate and latency windows; ``intervals``: each target's own, which gives
+    the targets scraped slower than the fleet their own windows. ``ceilings``: per target and quantile signal the
     highest finite histogram bound in signal units (``collect.ceilings_of``); ``layouts``:
     every finite bound (``collect.bucket_layouts``; empty: not measured).
     """
@@ -61,6 +67,8 @@ class Probes:
     interval_s: float | None
     ceilings: Mapping[TargetKey, Mapping[Signal, float]]
     layouts: Mapping[TargetKey, Mapping[Signal, tuple[float, ...]]] = field(default_factory=dict)
+    #: each target's own scrape interval, s (empty: not measured)
+    intervals: Mapping[TargetKey, float] = field(default_factory=dict)
 
 
 def _matchers(settings: Settings, targets: list[Target], only_these: bool) -> str:
@@ -79,7 +87,8 @@ def measure_probes(client: QueryClient, settings: Settings, targets: list[Target
         return Probes(None, {})
     matchers = _matchers(settings, targets, False)
     layouts = bucket_layouts(client, targets, matchers, at)
-    return Probes(detect_interval(client, at, targets, matchers), ceilings_of(layouts), layouts)
+    fleet, own = detect_intervals(client, at, targets, matchers)
+    return Probes(fleet, ceilings_of(layouts), layouts, own)
 
 
 def collect_targets(
@@ -103,9 +112,9 @@ def collect_targets(
     # counters and histograms need >= 4 samples per window: widen the configured windows
     # when the data are scraped slowly (Grafana's $__rate_interval)
     if probes is not None:
-        interval = probes.interval_s
+        interval, own = probes.interval_s, probes.intervals
     else:
-        interval = detect_interval(client, at, targets, matchers) if targets else None
+        interval, own = detect_intervals(client, at, targets, matchers) if targets else (None, {})
     rate_s, latency_s = rate_window(ev.rate_window, interval), rate_window(ev.latency_window, interval)
     window = ev.window if window_s is None else window_s
     same = dict(  # what the plain reading and the exact re-read of relabel leftovers share
@@ -127,7 +136,42 @@ def collect_targets(
         at=at, window_s=window, step_s=ev.step, user_matchers=matchers, rate_window_s=rate_s, signals=signals,
         known=known)
     data.rate_window_s, data.scrape_interval_s = rate_s, interval
+    read_slow_targets(data, targets, slower_than_fleet(ev.rate_window, interval, own), latency_s, signals,
+                      lambda few, rw, lw, sigs: collect(
+                          client, few, user_matchers=join_matchers(matchers, instances_matcher([t.key for t in few])),
+                          signals=sigs, pool=None, **{**same, "rate_window": format_duration(rw),
+                                                       "latency_window": format_duration(lw)}))  # type: ignore[arg-type]
     return data
+
+
+#: fetch(targets, rate window s, latency window s, signals): the caller's collection
+SlowFetch = Callable[[list[Target], float, float, frozenset[Signal]], FleetData]
+
+
+def read_slow_targets(data: FleetData, targets: list[Target], slow: Mapping[TargetKey, float], latency_s: float,
+                      signals: Set[Signal] | None, fetch: SlowFetch) -> None:
+    """Re-read the rate-based signals of the targets scraped slower than the fleet with their own window.
+
+    ``slow`` maps those targets to their rate window (``scrape.slower_than_fleet``); one
+    fetch per distinct window, restricted to its targets' instances. Their latency window
+    is the fleet's or their rate window, whichever is longer. A row the re-read lacks keeps
+    the fleet-window reading (a gap, not a loss); gauges are not re-read.
+    """
+    by_window: dict[float, list[Target]] = {}
+    for t in targets:
+        if t.key in slow:
+            by_window.setdefault(slow[t.key], []).append(t)
+    for rw, few in sorted(by_window.items()):
+        sigs = rate_signals(few, signals)
+        if not sigs:
+            continue
+        got = fetch(few, rw, max(latency_s, rw), sigs)
+        for t in few:
+            mine, exact = data.series.setdefault(t.key, {}), got.series.get(t.key, {})
+            for sig in sigs:
+                if sig in exact and len(exact[sig]) == len(data.grid):
+                    mine[sig] = exact[sig]
+            data.target_rate_window_s[t.key] = rw
 
 
 #: above this share of the targets, the triage-only signals are fetched for every target

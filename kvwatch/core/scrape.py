@@ -7,18 +7,23 @@ interval)``. The interval is measured on the raw samples of the KV usage series 
 engine exports one): per series the median gap between samples, then the slow end of the
 fleet (90th percentile over series), so (nearly) every target gets ≥ 4 samples per window.
 Gaps are measured between samples, so a series younger than the probe is measured right.
+
+A fleet is rarely scraped alike: one slow job (a 60 s scrape among 15 s ones, under the
+90th percentile) would get the fleet's window and lose samples. Such targets are
+:func:`slower_than_fleet`: their rate-based signals are re-read with their own window
+(``core/pipeline.py``), one more query per signal and window class, not per target.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 import numpy as np
 
 from kvwatch.core.dialects import DIALECT_BY_ID, selector
-from kvwatch.core.models import Target
+from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.signals import Signal
 from kvwatch.errors import PrometheusBadResponse
@@ -43,6 +48,13 @@ def interval_queries(targets: Iterable[Target], user_matchers: str) -> list[str]
     return sorted(out)
 
 
+def _key(row: object) -> TargetKey | None:
+    metric = row.get("metric") if isinstance(row, dict) else None
+    if not isinstance(metric, dict) or "instance" not in metric:
+        return None
+    return TargetKey(str(metric.get("job", "")), str(metric["instance"]))
+
+
 def _gaps(row: object) -> float | None:
     values = row.get("values") if isinstance(row, dict) else None
     try:
@@ -55,16 +67,61 @@ def _gaps(row: object) -> float | None:
     return gap if math.isfinite(gap) and gap > 0 else None
 
 
-def detect_interval(client: QueryClient, at: datetime, targets: Iterable[Target], user_matchers: str) -> float | None:
-    """The scrape interval in seconds (None: too few samples, or Prometheus refused the probe)."""
+def detect_intervals(client: QueryClient, at: datetime, targets: Iterable[Target],
+                     user_matchers: str) -> tuple[float | None, dict[TargetKey, float]]:
+    """(the fleet's scrape interval, each target's own), seconds.
+
+    The fleet's is the 90th percentile over series (None: too few samples, or Prometheus
+    refused the probe); a target's is the largest median gap of its KV usage series.
+    """
     gaps: list[float] = []
+    own: dict[TargetKey, float] = {}
     for q in interval_queries(targets, user_matchers):
         try:
             rows = client.instant(q, at)
         except PrometheusBadResponse:
             continue
-        gaps.extend(g for g in map(_gaps, rows) if g is not None)
-    return float(np.quantile(gaps, QUANTILE)) if gaps else None
+        for row in rows:
+            gap = _gaps(row)
+            if gap is None:
+                continue
+            gaps.append(gap)
+            key = _key(row)
+            if key is not None:
+                own[key] = max(own.get(key, 0.0), gap)
+    return (float(np.quantile(gaps, QUANTILE)) if gaps else None), own
+
+
+def detect_interval(client: QueryClient, at: datetime, targets: Iterable[Target], user_matchers: str) -> float | None:
+    """The fleet's scrape interval in seconds (None: too few samples, or Prometheus refused the probe)."""
+    return detect_intervals(client, at, targets, user_matchers)[0]
+
+
+#: a target's own window must exceed the fleet's by this factor to be read apart: scrape
+#: jitter moves a median gap by a few percent, and a re-read costs queries
+SLOWER_BY = 1.25
+#: own windows are rounded up to this many seconds, so near-equal intervals share one re-read
+WINDOW_QUANTUM_S = 60.0
+#: slack before rounding up: a median gap a few percent over the interval (scrape jitter,
+#: measured at another instant) must not push a window into the next quantum
+JITTER = 0.05
+
+
+def slower_than_fleet(configured_s: float, fleet_s: float | None, own: Mapping[TargetKey, float]) -> dict[TargetKey, float]:
+    """The targets whose own rate window (from their interval) exceeds the fleet's, and that window, s.
+
+    ``configured_s`` is the configured rate window; windows are rounded up to whole minutes.
+    Empty when the fleet's interval is unknown (then every window is the configured one).
+    """
+    if fleet_s is None:
+        return {}
+    fleet_w = rate_window(configured_s, fleet_s)
+    out: dict[TargetKey, float] = {}
+    for key, interval in own.items():
+        w = rate_window(configured_s, interval)
+        if w > SLOWER_BY * fleet_w:
+            out[key] = float(max(1, math.ceil(w / (1 + JITTER) / WINDOW_QUANTUM_S)) * WINDOW_QUANTUM_S)
+    return out
 
 
 def rate_window(configured_s: float, interval_s: float | None) -> float:

@@ -98,7 +98,8 @@ def splice(old: FleetData, new: FleetData, grid: np.ndarray, modes: Modes, hold_
     k = int(np.rint((grid[-1] - old.grid[-1]) / (grid[1] - grid[0]))) if n1 > 1 else 0
     out = FleetData(grid=grid, targets=dict(new.targets), sourced=dict(new.sourced), ceilings=dict(new.ceilings),
                     buckets=dict(new.buckets),
-                    rate_window_s=new.rate_window_s, scrape_interval_s=new.scrape_interval_s)
+                    rate_window_s=new.rate_window_s, scrape_interval_s=new.scrape_interval_s,
+                    target_rate_window_s=dict(new.target_rate_window_s))
     # one matrix per (signal, mode): a few numpy calls instead of several per row. A steady
     # cycle splices ~13 rows per target: rows are paired through dict copies, which reuse the
     # stored hashes

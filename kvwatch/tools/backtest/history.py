@@ -11,17 +11,19 @@ evaluation steps or targets.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
 
 from kvwatch.core.churn import read_leftovers_exactly
-from kvwatch.core.collect import collect, resolve
+from kvwatch.core.collect import collect, instances_matcher, join_matchers, resolve
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target, TargetKey
+from kvwatch.core.pipeline import read_slow_targets
 from kvwatch.core.promclient import QueryClient, Series
-from kvwatch.durations import parse_duration
+from kvwatch.durations import format_duration, parse_duration
 
 #: grid points per range query (Prometheus refuses more than 11,000 per series)
 MAX_POINTS = 10_000
@@ -42,6 +44,8 @@ class HistorySpec:
     dialects: tuple[str, ...] = ()
     max_concurrency: int = 4
     max_points: int = MAX_POINTS
+    #: targets scraped slower than the fleet → their own rate window, s (core/scrape.py)
+    slow: Mapping[TargetKey, float] = field(default_factory=dict)
 
 
 def _concat(parts: list[FleetData], targets: list[Target]) -> FleetData:
@@ -83,6 +87,12 @@ def fetch_history(client: QueryClient, targets: list[Target], spec: HistorySpec)
                                                       **same),  # type: ignore[arg-type]
             at=when, window_s=n * res, step_s=res, user_matchers=spec.user_matchers,
             rate_window_s=parse_duration(spec.rate_window), signals=None)
+        read_slow_targets(data, targets, spec.slow, parse_duration(spec.latency_window or spec.rate_window), None,
+                          lambda few, rw, lw, sigs, same=same: collect(  # type: ignore[misc]
+                              client, few, signals=sigs, **{
+                                  **same, "rate_window": format_duration(rw), "latency_window": format_duration(lw),
+                                  "user_matchers": join_matchers(spec.user_matchers,
+                                                                 instances_matcher([t.key for t in few]))}))
         parts.append(data)
         hi -= n + 1
     parts.reverse()

@@ -23,10 +23,11 @@ from kvwatch.core.frame import FleetData
 from kvwatch.core.models import FailureMode, Target, TargetKey
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.rules import RuleSet
+from kvwatch.core.scrape import detect_intervals, rate_window, slower_than_fleet
 from kvwatch.core.selector import parse_selector, render_matchers
-from kvwatch.durations import format_duration
+from kvwatch.durations import format_duration, parse_duration
 from kvwatch.errors import ConfigError
-from kvwatch.tools.backtest.history import HistorySpec, fetch_layers, source_sig
+from kvwatch.tools.backtest.history import MAX_POINTS, HistorySpec, fetch_layers, source_sig
 from kvwatch.tools.backtest.identity import discover_steps
 from kvwatch.tools.backtest.models import BacktestResult, IncidentRecord, ModeChange, TargetTimeline
 from kvwatch.tools.backtest.window import StepView, first_seen, overlay
@@ -171,22 +172,27 @@ def run_backtest(
     check_step(step, ev.step)
     steps = step_times(start.timestamp(), end.timestamp(), step)
     matchers = render_matchers(parse_selector(settings.discovery.selector, "discovery.selector"))
+    before = getattr(getattr(client, "stats", None), "queries", 0)
+    per_step = discover_steps(client, steps, ev.window, matchers, settings.discovery.dialects, MAX_POINTS)
+    # windows sized from the scrape interval as `once` sizes them, measured at the end of the
+    # span (a target gone by then keeps the fleet's window)
+    seen = list({t.key: t for targets in per_step for t in targets}.values())
+    interval, own = detect_intervals(client, end, seen, matchers) if seen else (None, {})
     spec = HistorySpec(
         start=steps[0],
         end=end.timestamp(),
         window_s=ev.window,
         resolution_s=ev.step,
-        rate_window=format_duration(ev.rate_window),
-        latency_window=format_duration(ev.latency_window),
+        rate_window=format_duration(rate_window(ev.rate_window, interval)),
+        latency_window=format_duration(rate_window(ev.latency_window, interval)),
         user_matchers=matchers,
         dialects=settings.discovery.dialects,
         max_concurrency=settings.prometheus.max_concurrency,
+        slow=slower_than_fleet(ev.rate_window, interval, own),
     )
-    before = getattr(getattr(client, "stats", None), "queries", 0)
-    per_step = discover_steps(client, steps, ev.window, matchers, settings.discovery.dialects, spec.max_points)
     layers, layer_of = fetch_layers(client, per_step, spec)
     queries = getattr(getattr(client, "stats", None), "queries", 0) - before
-    params = ReplayParams(ev.window, ev.step, ev.ttft_slo, settings.lifecycle, ev.latency_window)
+    params = ReplayParams(ev.window, ev.step, ev.ttft_slo, settings.lifecycle, parse_duration(spec.latency_window))
     timelines = replay_steps(per_step, layers, layer_of, rules, params, steps)
     return BacktestResult(
         start=start.timestamp(),
