@@ -71,7 +71,8 @@ class Measured:
     draining: list[str] = field(default_factory=list)  # opened while the backlog drains (load dropped, truth not yet healthy)
     after_recovery: list[str] = field(default_factory=list)  # incidents opened after recovery
     healthy_steps: int = 0
-    healthy_flagged: int = 0
+    healthy_flagged: int = 0  # a failure mode named on a healthy step
+    healthy_unknown: int = 0  # `unknown` on a healthy step: what decides healthy is not exported (TGI: no TTFT)
 
 
 def _draw(job: tuple[str | None, int, str, float]) -> tuple[PhasedTarget, TargetRun, int]:
@@ -181,7 +182,8 @@ def measure(result: BacktestResult, runs: dict[str, tuple[PhasedTarget, TargetRu
         for t, s in zip(tl.times, tl.states, strict=True):
             if t < fault_at or t >= truth_at + grace_s:
                 m.healthy_steps += 1
-                m.healthy_flagged += s is not FailureMode.HEALTHY
+                m.healthy_flagged += s not in (FailureMode.HEALTHY, FailureMode.UNKNOWN)
+                m.healthy_unknown += s is FailureMode.UNKNOWN
         st = static.get((tl.target.key.job, inst), [])
         if math.isfinite(fault_at):
             fired = _first(st, fault_at, True)
@@ -203,7 +205,7 @@ def _fmt(xs: list[float | None]) -> str:
 def report(ms: list[Measured]) -> str:
     lines = [f"{'fault':<14} {'n':>2} {'detected':>8} {'detect med/max min':>18} {'static med/max':>14}"
              f" {'before static':>13} {'clear after drop':>16} {'clear after truth':>17} {'static clear':>12}"
-             f" {'wrong':>5} {'renamed':>7} {'draining':>8} {'after rec.':>10} {'healthy flagged':>15}"]
+             f" {'wrong':>5} {'renamed':>7} {'draining':>8} {'after rec.':>10} {'healthy: flagged/unknown/steps':>30}"]
     for fault in [*FAULTS, "control"]:
         g = [m for m in ms if m.fault == fault]
         if not g:
@@ -215,7 +217,7 @@ def report(ms: list[Measured]) -> str:
             f" {_fmt([m.clear_after_truth_s for m in g]):>17} {_fmt([m.static_clear_s for m in g]):>12}"
             f" {sum(len(m.wrong) for m in g):>5} {sum(len(m.renamed) for m in g):>7} {sum(len(m.draining) for m in g):>8}"
             f" {sum(len(m.after_recovery) for m in g):>10}"
-            f" {sum(m.healthy_flagged for m in g):>7}/{sum(m.healthy_steps for m in g):<7}")
+            f" {sum(m.healthy_flagged for m in g):>14}/{sum(m.healthy_unknown for m in g)}/{sum(m.healthy_steps for m in g)}")
     lines.append("(low_demand is an info diagnosis, no incident: detection and clearing read from the state timeline)")
     osc = [m for m in ms if m.fault == "oscillating" and m.detect_s is not None and m.period_s]
     if osc:
@@ -231,10 +233,11 @@ def report(ms: list[Measured]) -> str:
     lines.append("")
     for m in ms:
         if m.wrong or m.renamed or m.draining or m.after_recovery or (m.detect_s is None and m.fault != "control") \
-                or m.healthy_flagged:
+                or m.healthy_flagged or m.healthy_unknown:
             lines.append(f"  {m.name:<42} detect {m.detect_s} opened {m.opened_s} wrong {m.wrong}"
                          f" renamed {m.renamed} draining {m.draining}"
-                         f" after-recovery {m.after_recovery} healthy flagged {m.healthy_flagged}")
+                         f" after-recovery {m.after_recovery} healthy flagged {m.healthy_flagged}"
+                         f" unknown {m.healthy_unknown}")
     return "\n".join(lines)
 
 
