@@ -137,15 +137,16 @@ def collect_targets(
         known=known)
     data.rate_window_s, data.scrape_interval_s = rate_s, interval
     read_slow_targets(data, targets, slower_than_fleet(ev.rate_window, interval, own), latency_s, signals,
-                      lambda few, rw, lw, sigs: collect(
+                      lambda few, rw, lw, sigs, fresh: collect(
                           client, few, user_matchers=join_matchers(matchers, instances_matcher([t.key for t in few])),
-                          signals=sigs, pool=None, **{**same, "rate_window": format_duration(rw),
-                                                       "latency_window": format_duration(lw)}))  # type: ignore[arg-type]
+                          signals=sigs, fresh=fresh, **{**same, "rate_window": format_duration(rw),
+                                                        "latency_window": format_duration(lw)}))  # type: ignore[arg-type]
     return data
 
 
-#: fetch(targets, rate window s, latency window s, signals): the caller's collection
-SlowFetch = Callable[[list[Target], float, float, frozenset[Signal]], FleetData]
+#: fetch(targets, rate window s, latency window s, signals, fresh): the caller's collection
+#: (``fresh``: some of the targets have relabel leftovers, read their expressions without them)
+SlowFetch = Callable[[list[Target], float, float, frozenset[Signal], bool], FleetData]
 
 
 def read_slow_targets(data: FleetData, targets: list[Target], slow: Mapping[TargetKey, float], latency_s: float,
@@ -165,7 +166,8 @@ def read_slow_targets(data: FleetData, targets: list[Target], slow: Mapping[Targ
         sigs = rate_signals(few, signals)
         if not sigs:
             continue
-        got = fetch(few, rw, max(latency_s, rw), sigs)
+        fresh = bool(data.leftovers) and any(t.key in data.leftovers for t in few)  # type: ignore[operator]
+        got = fetch(few, rw, max(latency_s, rw), sigs, fresh)
         for t in few:
             mine, exact = data.series.setdefault(t.key, {}), got.series.get(t.key, {})
             for sig in sigs:

@@ -88,8 +88,8 @@ def fetch_history(client: QueryClient, targets: list[Target], spec: HistorySpec)
             at=when, window_s=n * res, step_s=res, user_matchers=spec.user_matchers,
             rate_window_s=parse_duration(spec.rate_window), signals=None)
         read_slow_targets(data, targets, spec.slow, parse_duration(spec.latency_window or spec.rate_window), None,
-                          lambda few, rw, lw, sigs, same=same: collect(  # type: ignore[misc]
-                              client, few, signals=sigs, **{
+                          lambda few, rw, lw, sigs, fresh, same=same: collect(  # type: ignore[misc]
+                              client, few, signals=sigs, fresh=fresh, **{
                                   **same, "rate_window": format_duration(rw), "latency_window": format_duration(lw),
                                   "user_matchers": join_matchers(spec.user_matchers,
                                                                  instances_matcher([t.key for t in few]))}))
