@@ -22,6 +22,7 @@ from support.prom import backfill, prometheus
 from kvwatch.config import load_settings
 from kvwatch.core.collect import collect
 from kvwatch.core.discover import discover
+from kvwatch.core.explain import explain_text
 from kvwatch.core.models import FailureMode, TargetKey
 from kvwatch.core.pipeline import collect_targets, evaluate, find_targets
 from kvwatch.core.promclient import PromClient
@@ -145,6 +146,12 @@ def test_a_slow_minority_gets_its_own_rate_window(mixed: Store) -> None:
     ev = evaluate(client, settings, load_ruleset(), mixed.at)
     states = {r.target.key.instance: r.state for r in ev.results}
     assert set(states.values()) == {FailureMode.HEALTHY}, states
+    # the JSON and `kvwatch explain` say which window the slow target was read with
+    assert ev.to_json()["rate_window_seconds_by_target"] == {f"{slow.job}/{slow.instance}": 240.0}
+    assert ev.rate_window_of(slow) == 240.0 and ev.rate_window_of(by_name["fast0:8000"]) == 120.0
+    (r,) = [r for r in ev.results if r.target.key == slow]
+    head = explain_text(r, ev).splitlines()[0]
+    assert "rate window 4m, scraped slower than the fleet (2m)" in head, head
 
 
 def test_the_service_keeps_the_slow_targets_window_across_incremental_cycles(mixed: Store) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvwatch.core.models import Condition, Evaluation, RuleCheck, TargetKey, TargetResult, Verdict
+from kvwatch.durations import format_duration
 from kvwatch.textsafe import safe_label
 
 #: a failed condition within this fraction of its threshold is a near miss
@@ -82,13 +83,21 @@ def rule_line(rc: RuleCheck) -> str:
     return head
 
 
+def _own_window(r: TargetResult, ev: Evaluation) -> str:
+    """``; rate window 4m (the fleet's 2m)`` for a target scraped slower than the fleet, else empty."""
+    own = ev.target_rate_windows.get(r.target.key)
+    if own is None:
+        return ""
+    return f"; rate window {format_duration(own)}, scraped slower than the fleet ({format_duration(ev.rate_window_s)})"
+
+
 def explain_text(r: TargetResult, ev: Evaluation) -> str:
     at = ev.evaluated_at.isoformat().replace("+00:00", "Z")
     d = r.primary
     lines = [
         # the target's labels come from the engine: escaped so a newline or ANSI code cannot forge output
         f"kvwatch explain {safe_label(str(r.target.key), 200)} at {at} (window {ev.window_s / 60:g}m; "
-        f"{safe_label(f'{r.target.engine}/{r.target.dialect}', 60)})",
+        f"{safe_label(f'{r.target.engine}/{r.target.dialect}', 60)}{_own_window(r, ev)})",
         f"state: {r.state.value}" + (f" ({d.cause})" if d and d.cause else "") + (f" — {d.summary}" if d else ""),
         "modes: " + ", ".join(f"{v.mode.value} {v.verdict.value.replace('_', ' ')}" for v in r.modes),
         "",

@@ -6,6 +6,7 @@ text, Slack and Alertmanager renderers read the same objects.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -302,6 +303,12 @@ class Evaluation:
     rate_window_s: float = 0.0
     #: the scrape interval detected from the data, s (None: not measured)
     scrape_interval_s: float | None = None
+    #: targets scraped slower than the fleet → the rate window their counters were read with, s
+    target_rate_windows: Mapping[TargetKey, float] = field(default_factory=dict)
+
+    def rate_window_of(self, key: TargetKey) -> float:
+        """The rate window ``key``'s counters were read with, s (0: not recorded)."""
+        return self.target_rate_windows.get(key, self.rate_window_s)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -309,6 +316,9 @@ class Evaluation:
             "window_seconds": self.window_s,
             "rate_window_seconds": self.rate_window_s or None,
             "scrape_interval_seconds": self.scrape_interval_s,
+            # job/instance of a target scraped slower than the fleet → its own rate window
+            "rate_window_seconds_by_target": {f"{k.job}/{k.instance}": v
+                                              for k, v in sorted(self.target_rate_windows.items())},
             "targets": [r.to_json() for r in self.results],
             "queries": self.queries,
             "warnings": list(self.warnings),

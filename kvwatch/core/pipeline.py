@@ -226,7 +226,8 @@ def counted(
         seen = getattr(stats, "warnings", [])
     warnings = tuple(dict.fromkeys(seen))[:10]
     return Evaluation(evaluated_at=at, results=results, window_s=ev.window, queries=queries, warnings=warnings,
-                      rate_window_s=data.rate_window_s, scrape_interval_s=data.scrape_interval_s)
+                      rate_window_s=data.rate_window_s, scrape_interval_s=data.scrape_interval_s,
+                      target_rate_windows=dict(data.target_rate_window_s))
 
 
 def evaluate(
