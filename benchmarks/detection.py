@@ -75,11 +75,11 @@ class Measured:
     healthy_unknown: int = 0  # `unknown` on a healthy step: what decides healthy is not exported (TGI: no TTFT)
 
 
-def _draw(job: tuple[str | None, int, str, float]) -> tuple[PhasedTarget, TargetRun, int]:
-    fault, seed, dialect, end_time = job
+def _draw(job: tuple[str | None, int, str, float, float]) -> tuple[PhasedTarget, TargetRun, int]:
+    fault, seed, dialect, end_time, scrape_s = job
     # a fixed total: each schedule's change lands at the replay's first step (the after-phase takes the rest)
     return draw(fault, seed, Dialect(dialect), end_time=end_time, healthy_s=HEALTHY_S, total_s=TOTAL_S,
-                warmup_s=WARMUP_S)
+                warmup_s=WARMUP_S, scrape_interval_s=scrape_s)
 
 
 def _wall(run: TargetRun, sim_t: float) -> float:
@@ -241,16 +241,16 @@ def report(ms: list[Measured]) -> str:
     return "\n".join(lines)
 
 
-def run(work: Path, seeds: list[int], dialects: list[str], controls: int, faults: Sequence[str] = tuple(FAULTS)
-        ) -> tuple[list[Measured], dict[str, float]]:
+def run(work: Path, seeds: list[int], dialects: list[str], controls: int, faults: Sequence[str] = tuple(FAULTS),
+        scrape_s: float = 15.0) -> tuple[list[Measured], dict[str, float]]:
     end_time = default_end_time()
-    jobs: list[tuple[str | None, int, str, float]] = []
+    jobs: list[tuple[str | None, int, str, float, float]] = []
     for s in seeds:
         for i, f in enumerate(FAULTS):
             if f not in faults:
                 continue
-            jobs.append((f, s, dialects[(i + s) % len(dialects)], end_time))
-    jobs += [(None, 100 + k, dialects[k % len(dialects)], end_time) for k in range(controls)]
+            jobs.append((f, s, dialects[(i + s) % len(dialects)], end_time, scrape_s))
+    jobs += [(None, 100 + k, dialects[k % len(dialects)], end_time, scrape_s) for k in range(controls)]
     t0 = time.monotonic()
     with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
         drawn = list(pool.map(_draw, jobs))
@@ -286,12 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", nargs="+", default=list(FAULTS), choices=list(FAULTS))
     ap.add_argument("--json", metavar="FILE", help="also write the per-schedule measurements")
     ap.add_argument("--keep", metavar="DIR", help="keep the TSDB here (default: a temp dir, removed)")
+    ap.add_argument("--scrape-interval", type=float, default=15.0, metavar="S",
+                    help="seconds between the simulated scrapes (rate windows widen to 4 of them)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvwatch-detect-") as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        ms, timing = run(work, args.seeds, args.dialects, args.controls, args.faults)
-    print(f"{len(ms)} schedules; simulate {timing['simulate']:.0f}s (redrawn {timing['redrawn']:.0f}),"
+        ms, timing = run(work, args.seeds, args.dialects, args.controls, args.faults, args.scrape_interval)
+    print(f"{len(ms)} schedules, scraped every {args.scrape_interval:g}s; simulate {timing['simulate']:.0f}s (redrawn {timing['redrawn']:.0f}),"
           f" backfill {timing['backfill']:.0f}s, backtest {timing['backtest']:.0f}s at {STEP_S:.0f}s steps")
     print(report(ms))
     if args.json:

@@ -173,7 +173,8 @@ def valid(target: PhasedTarget, labels: tuple[Label, Label, Label]) -> bool:
 
 
 def draw(fault: str | None, seed: int, dialect: Dialect, *, end_time: float, attempts: int = 12,
-         total_s: float | None = None, **kw: float) -> tuple[PhasedTarget, TargetRun, int]:
+         total_s: float | None = None, scrape_interval_s: float = 15.0,
+         **kw: float) -> tuple[PhasedTarget, TargetRun, int]:
     """A schedule whose ground truth shows what it should (redrawn up to ``attempts`` times);
     returns it, its run and the number of redraws.
 
@@ -185,7 +186,7 @@ def draw(fault: str | None, seed: int, dialect: Dialect, *, end_time: float, att
         if total_s is not None:
             fault_s = 0.0 if math.isinf(target.recover_at) else target.recover_at - target.fault_at
             kw = {**kw, "after_s": total_s - kw.get("healthy_s", 1200.0) - fault_s}
-        run_ = run(target, end_time=end_time, **kw)
+        run_ = run(target, end_time=end_time, scrape_interval_s=scrape_interval_s, **kw)
         if valid(target, check(target, run_)):
             return replace(target, recovered_at=recovered_at(target, run_)), run_, k
     raise RuntimeError(f"{fault} seed {seed} on {dialect}: no valid schedule in {attempts} draws")
