@@ -197,3 +197,28 @@ def test_the_backtest_sizes_windows_from_the_scrape_interval_too(mixed: Store) -
     gaps = {s: float(np.mean(~np.isfinite(result.history.values(slow, s)[span]))) for s in COUNTERS}
     assert all(g == 0.0 for g in gaps.values()), gaps
     assert {s for tl in result.timelines for s in tl.states} == {FailureMode.HEALTHY}
+
+
+def test_a_target_whose_own_window_changed_is_fetched_whole(mixed: Store) -> None:
+    """The kept rows of a target were read with another window (its scrape interval changed
+    between discoveries; here: kept as if read through the fleet's 2 m window, with gaps):
+    the next incremental cycle fetches that target whole instead of splicing onto them."""
+    settings = load_settings(None, environ={}, overrides={})
+    rules = load_ruleset()
+    client = PromClient(mixed.url)
+    inc = IncrementalEvaluator()
+    inc(client, settings, rules, mixed.at - timedelta(seconds=120))
+    assert inc.data is not None
+    slow = next(k for k in inc.data.targets if k.instance == "slow:8000")
+    inc.data.target_rate_window_s.clear()
+    for sig in COUNTERS:
+        if sig in inc.data.series[slow]:
+            inc.data.series[slow][sig] = np.full(len(inc.data.grid), np.nan)
+    inc(client, settings, rules, mixed.at)
+    assert inc.last_mode == "incremental"
+    full = collect_targets(client, settings, rules, find_targets(client, settings, mixed.at), mixed.at,
+                           signals=rules.decision_signals())
+    assert inc.data.target_rate_window_s == {slow: 240.0}
+    for sig in COUNTERS:
+        if sig in full.series[slow]:
+            np.testing.assert_array_equal(inc.data.values(slow, sig), full.values(slow, sig), err_msg=sig.value)

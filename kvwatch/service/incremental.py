@@ -242,6 +242,14 @@ class IncrementalEvaluator:
             # the measured scrape interval widened or narrowed the rate/latency windows: the kept
             # steps were computed with other windows, so nothing can be spliced
             full = self._windows(ev, short) != kept_windows
+        if not full:
+            assert old is not None and short is not None
+            # a target's own window (scraped slower than the fleet) changed with its measured
+            # interval: its kept steps were read with the other window, so it is fetched whole
+            moved = [t for t in unchanged
+                     if old.target_rate_window_s.get(t.key) != short.target_rate_window_s.get(t.key)]
+            changed += moved
+            full = len(changed) > len(targets) // 2
         if full:
             data = collect_targets(client, settings, rules, targets, at, probes=probes, signals=decide)
             self._modes = signal_modes(targets, settings, rules)
@@ -259,6 +267,9 @@ class IncrementalEvaluator:
                 data.targets.update(whole.targets)
                 data.ceilings.update(whole.ceilings)
                 data.buckets.update(whole.buckets)
+                for t in changed:  # their own windows as this fetch measured them
+                    data.target_rate_window_s.pop(t.key, None)
+                data.target_rate_window_s.update(whole.target_rate_window_s)
             for t in targets:
                 data.sourced[t.key] = set(resolve(t))
             data.targets = {t.key: t for t in targets}
