@@ -85,25 +85,3 @@ def header_lines(fields: dict[str, str]) -> list[str]:
 def fixtures() -> list[Path]:
     """Every committed conformance fixture."""
     return sorted(p for p in FIXTURES.glob("*") if p.name.endswith((".prom", ".om", ".om.gz")))
-
-
-def restamp(paths: list[Path] | None = None) -> list[Path]:
-    """Rewrite the ``dialect_fingerprint`` header of fixtures made against an older dialect
-    table; returns the fixtures rewritten. Valid only when the engines' output itself cannot
-    have changed: the drivers and the timeline already feed every series the new table reads
-    (e.g. a new signal from a family the engine exported all along). Otherwise regenerate."""
-    done = []
-    for path in paths if paths is not None else fixtures():
-        head = header(path)
-        now = dialect_fingerprint(head["dialects"].split(","))
-        if head["dialect_fingerprint"] == now:
-            continue
-        text = _open_text(path)
-        old = f"# dialect_fingerprint: {head['dialect_fingerprint']}\n"
-        text = text.replace(old, f"# dialect_fingerprint: {now}\n", 1)
-        if path.suffix == ".gz":
-            path.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
-        else:
-            path.write_text(text, encoding="utf-8")
-        done.append(path)
-    return done

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from conformance import om
 from conformance.engines import BY_KEY, ENGINES, SCENARIOS, EngineVersion, Variant
-from conformance.fixtures import FIXTURES, dialect_fingerprint, header_lines, restamp
+from conformance.fixtures import FIXTURES, dialect_fingerprint, header_lines
 from conformance.timeline import check_finite, simulate_timeline
 
 HERE = Path(__file__).resolve().parent
@@ -166,13 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                         choices=sorted(BY_KEY), metavar="ENGINE-VERSION")
     parser.add_argument("--variants", nargs="+", help="only these variant names ('' = default)")
     parser.add_argument("--out", type=Path, default=FIXTURES)
-    parser.add_argument("--restamp", action="store_true",
-                        help="only re-stamp the dialect-table hash of stale fixtures (see fixtures.restamp)")
     args = parser.parse_args(argv)
-    if args.restamp:
-        for path in restamp():
-            print("restamped", path.name)
-        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     for key in args.engines:
         ev = BY_KEY[key]
