@@ -199,14 +199,3 @@ def test_fixtures_are_newer_than_the_dialect_table_that_reads_them() -> None:
             stale.append(f"{path.name} (made against {head['dialect_fingerprint']}, now {now})")
     assert not stale, ("the dialect table changed after these fixtures were made; run "
                        "conformance/regenerate (see conformance/README.md): " + ", ".join(stale))
-
-
-def test_vllm_exports_the_max_tokens_parameter_kvwatch_reads(world) -> None:
-    """vLLM's own exporter writes request_params_max_tokens (V1 >= 0.8.0): kvwatch resolves the mean
-    max_tokens of finished requests from it (what reserve-for-max-output would hold per request)."""
-    vllm = [i for i, (h, _) in world["series"].items() if h["engine"] == "vllm"]
-    assert vllm
-    for inst in vllm:
-        assert Signal.MAX_TOKENS_MEAN in resolve(world["results"][inst].target), inst
-        value = _signal_value(world, inst, Signal.MAX_TOKENS_MEAN)
-        assert 1 <= value <= 1_000_000, (inst, value)

@@ -1829,33 +1829,3 @@ def test_a_ttft_slice_behind_a_frontend_without_its_kv_proxy_is_misread_not_blin
     sigs[Signal.TTFT_P99] = const(0.5)
     r = _frontend(sigs)
     assert r.state is FailureMode.UNKNOWN, r.primary
-
-
-def _reservation_pool(max_tokens: float | None) -> dict[Signal, np.ndarray]:
-    """A queue of 500 the whole window, KV 20 % used, running flat at 33, no cap exported; the pool
-    holds 200,000 tokens and requests bring 1,500 prompt tokens (6,000 tokens/s over 4 requests/s)."""
-    over = {"kv_usage": const(0.2), "running": const(33), "waiting": const(500)}
-    if max_tokens is not None:
-        over["max_tokens_mean"] = const(max_tokens)
-    return base(**over)
-
-
-def test_a_batch_held_where_prompt_plus_max_tokens_reservations_fill_the_pool_is_fragmented() -> None:
-    """Issue 11 (reservation stalls read batch-limited, 113 target-variants over fourteen corpora):
-    with max_tokens 4,500 per request, reserving prompt + max_tokens admits 200,000 / 6,000 = 33
-    requests, exactly where running sits: the ceiling is the reservations, not max_num_seqs (vLLM
-    exports the max_tokens parameter; the triage says to check the reservation policy)."""
-    r = diagnose_one(_reservation_pool(4500.0), explain=True)
-    assert r.state is FailureMode.FRAGMENTED, (r.state, r.primary and r.primary.summary)
-    assert r.facts["reservation_requests"] == pytest.approx(200_000 / 6000)
-    assert r.facts["running_vs_reservation"] == pytest.approx(33 / (200_000 / 6000))
-    assert "Requests ask for 4,500 max_tokens on average: reserving prompt + max_tokens fits 33 of them in the " \
-           "pool, and 33 run." in r.primary.triage[1], r.primary.triage
-
-
-@pytest.mark.parametrize("max_tokens", [500.0, 12_000.0, None])
-def test_a_ceiling_reservations_do_not_explain_stays_batch_limited(max_tokens: float | None) -> None:
-    """The same pinned batch where reservations would admit 100 or 15 requests (max_tokens 500 or
-    12,000), or where max_tokens is not exported: max_num_seqs is the ceiling (batch-limited)."""
-    r = diagnose_one(_reservation_pool(max_tokens))
-    assert r.state is FailureMode.IDLE and r.primary.cause == "batch_limited", (r.state, r.primary)

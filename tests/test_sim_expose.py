@@ -17,7 +17,7 @@ from kvwatch.sim.fleet import make_targets
 from kvwatch.sim.vocab import Dialect
 
 V = "vllm:"
-VLLM_HIST = {f"{V}request_prompt_tokens", f"{V}request_generation_tokens", f"{V}request_params_max_tokens",
+VLLM_HIST = {f"{V}request_prompt_tokens", f"{V}request_generation_tokens",
              f"{V}time_to_first_token_seconds", f"{V}e2e_request_latency_seconds",
              f"{V}request_queue_time_seconds"}
 VLLM_COMMON = {f"{V}num_requests_running", f"{V}num_requests_waiting", f"{V}cache_config_info",

@@ -102,10 +102,6 @@ FACTS: dict[str, str] = {
     "period_minutes": "dominant period of KV usage over the window, minutes",
     "kv_cycles": "fill/drain cycles of KV usage (>=0.8 then <=0.4) over the window",
     "capacity_requests": "average-size requests the whole pool holds",
-    "reservation_requests": "requests the pool admits if each reserves its prompt + max_tokens (mean max_tokens "
-                            "parameter, where the engine exports it: vLLM request_params_max_tokens)",
-    "running_vs_reservation": "the running batch's peak over the last 10 min / reservation_requests (~1: "
-                              "reserving for the maximum output is what limits the batch)",
 }
 
 Op = Literal[">", ">=", "<", "<=", "==", "!="]
@@ -261,9 +257,8 @@ class RuleSet:
                 for name in (leaf.signal, leaf.ref):
                     if name:
                         names.update(DERIVED_INPUTS.get(name, (name,)))
-        # facts computed from series: tokens per request, the replica group, the period, what
-        # reservations would admit
-        names.update(("kv_usage", "gen_tps", "prompt_tps", "request_rate", "running", "max_tokens_mean"))
+        # facts computed from series: tokens per request, the replica group, the period
+        names.update(("kv_usage", "gen_tps", "prompt_tps", "request_rate"))
         return frozenset(Signal(n) for n in names if n in Signal._value2member_map_)
 
     def decision_signals(self) -> frozenset[Signal]:

@@ -29,7 +29,6 @@ class Signal(StrEnum):
     PROMPT_TPS = "prompt_tps"
     REQUEST_RATE = "request_rate"
     ABORT_RATE = "abort_rate"
-    MAX_TOKENS_MEAN = "max_tokens_mean"
     KV_CAPACITY_TOKENS = "kv_capacity_tokens"
     MAX_RUNNING = "max_running"
 
@@ -68,10 +67,6 @@ SIGNAL_INFO: dict[Signal, SignalInfo] = {
     Signal.PROMPT_TPS: SignalInfo("tokens/s", "prompt tokens per second"),
     Signal.REQUEST_RATE: SignalInfo("requests/s", "finished requests per second"),
     Signal.ABORT_RATE: SignalInfo("requests/s", "aborted or failed requests per second"),
-    Signal.MAX_TOKENS_MEAN: SignalInfo(
-        "tokens", "mean max_tokens parameter of the finished requests over the latency window (what a "
-        "reserve-for-max-output scheduler reserves beyond the prompt)"
-    ),
     Signal.KV_CAPACITY_TOKENS: SignalInfo("tokens", "KV pool size the engine reports", static=True),
     Signal.MAX_RUNNING: SignalInfo("requests", "configured max concurrent requests", static=True),
 }

@@ -79,11 +79,9 @@ UNION: Mapping[str, Bounds] = {
     "queue": _union(VLLM_LATENCY, SGLANG_QUEUE, TGI_DURATION),
     "prompt_tokens": _union(vllm_token_buckets(1_000_000), TRITON_TOKENS, TGI_INPUT),
     "gen_tokens": _union(vllm_token_buckets(1_000_000), TRITON_TOKENS, TGI_GENERATED),
-    # the max_tokens a finished request asked for (vLLM request_params_max_tokens)
-    "max_tokens": vllm_token_buckets(1_000_000),
 }
 QUANTITIES: tuple[str, ...] = tuple(UNION)
-TTFT, ITL, TPOT_REQ, E2E, QUEUE, PROMPT_TOKENS, GEN_TOKENS, MAX_TOKENS = range(len(QUANTITIES))
+TTFT, ITL, TPOT_REQ, E2E, QUEUE, PROMPT_TOKENS, GEN_TOKENS = range(len(QUANTITIES))
 _OFFSET = 1e7  # separates quantities on one sorted axis; observations are clipped below it
 
 

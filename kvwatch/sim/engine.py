@@ -20,17 +20,7 @@ from collections import deque
 
 import numpy as np
 
-from kvwatch.sim.buckets import (
-    E2E,
-    GEN_TOKENS,
-    ITL,
-    MAX_TOKENS,
-    PROMPT_TOKENS,
-    QUEUE,
-    TPOT_REQ,
-    TTFT,
-    HistBank,
-)
+from kvwatch.sim.buckets import E2E, GEN_TOKENS, ITL, PROMPT_TOKENS, QUEUE, TPOT_REQ, TTFT, HistBank
 from kvwatch.sim.engine_config import EngineConfig
 from kvwatch.sim.requests import DECODE, PREFILL, WAIT, ArrivalPool, Req, Shape, share_prefill
 from kvwatch.sim.trace import (
@@ -349,7 +339,6 @@ class Engine:
         pend[TPOT_REQ].append((at - req.first) / (out - 1 if out > 1 else 1))
         pend[PROMPT_TOKENS].append(req.prompt)
         pend[GEN_TOKENS].append(out)
-        pend[MAX_TOKENS].append(req.max_tok)
         c[_LENGTH if out >= req.max_tok else _STOP] += 1
         c[_RUS] += e2e * 1e6
         c[_QUS] += queue * 1e6

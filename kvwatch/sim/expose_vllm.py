@@ -161,8 +161,6 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
                     "prompt_tokens", tok_b)
         f.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", lb,
                     view, "gen_tokens", tok_b)
-        f.histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", lb,
-                    view, "max_tokens", tok_b)
         f.histogram("vllm:time_to_first_token_seconds",
                     "Histogram of time to first token in seconds.", lb, view, "ttft", ttft_b)
         if v.itl:

@@ -1,5 +1,4 @@
-"""Capacity facts of one target: tokens used and free, tokens per request, headroom, what
-prompt + max_tokens reservations would admit, periodicity.
+"""Capacity facts of one target: tokens used and free, tokens per request, headroom, periodicity.
 
 Facts are scalars that rules compare against (``fact: headroom_requests``) and
 that triage text quotes; replica-group facts from :mod:`.groups` are merged in.
@@ -10,9 +9,6 @@ from __future__ import annotations
 from kvwatch.core.diagnose.view import TargetView
 from kvwatch.core.dialects import waiting_counts_prefill, waiting_is_estimate, waiting_shows_stalls
 from kvwatch.core.statistics.series import safe_ratio
-
-#: span over which the running batch is compared with what reservations would admit, s
-RESERVATION_SPAN_S = 600.0
 
 
 def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, float | None]:
@@ -25,13 +21,6 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
     headroom = None if cap is None or u_now is None else cap * (1 - u_now)
     prompt, gen, reqs = (view.stat(s, w, "mean") for s in ("prompt_tps", "gen_tps", "request_rate"))
     per_req = None if prompt is None or gen is None else safe_ratio(prompt + gen, reqs)
-    # what each request would hold under a reserve-for-max-output scheduler: its prompt plus
-    # the max_tokens it asked for (vLLM exports the parameter; most engines do not)
-    max_tok = view.stat("max_tokens_mean", w, "mean")
-    prompt_per_req = safe_ratio(prompt, reqs)
-    reserved = None if max_tok is None or prompt_per_req is None else prompt_per_req + max_tok
-    reservation_requests = safe_ratio(cap, reserved)
-    running_recent = view.stat("running", RESERVATION_SPAN_S, "max")
     # the periodogram and the swing walk are per series: only swinging pools need them
     swinging = (view.stat("kv_usage", w, "std") or 0.0) >= 0.05
     ws = view.stats("kv_usage", w) if swinging else None
@@ -44,8 +33,6 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "tokens_per_request": per_req,
         "headroom_requests": safe_ratio(headroom, per_req),
         "capacity_requests": safe_ratio(cap, per_req),
-        "reservation_requests": reservation_requests,
-        "running_vs_reservation": safe_ratio(running_recent, reservation_requests),
         "max_running": view.stat("max_running", w, "last"),
         "ttft_slo": p.ttft_slo_s,
         "waiting_counts_prefill": 1.0 if waiting_counts_prefill(view.target.dialect) else 0.0,

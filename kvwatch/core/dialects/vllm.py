@@ -72,8 +72,6 @@ def vllm_sources(p: str, total: str = "_total") -> dict[Signal, tuple[Source, ..
             Signal.ABORT_RATE: Source(
                 C, f"{p}request_success{total}", f'{_VM}, finished_reason=~"abort|error"', agg="sum"
             ),
-            Signal.MAX_TOKENS_MEAN: Source(HM, f"{p}request_params_max_tokens", _VM,
-                                           note="observed at request finish (V0 >= 0.6.6, V1 >= 0.8.0)"),
             Signal.KV_CAPACITY_TOKENS: Source(
                 SourceKind.VLLM_CACHE_INFO, f"{p}cache_config_info",
                 note="kv_cache_size_tokens (>= 0.24) else num_gpu_blocks x block_size, per engine, summed",

@@ -45,7 +45,6 @@ RECORDS: dict[Signal, str] = {
     Signal.PROMPT_TPS: f"instance:kvwatch_prompt_tokens:{_W}",
     Signal.REQUEST_RATE: f"instance:kvwatch_requests:{_W}",
     Signal.ABORT_RATE: f"instance:kvwatch_aborted_requests:{_W}",
-    Signal.MAX_TOKENS_MEAN: f"instance:kvwatch_max_tokens:mean_{_W}",
     Signal.KV_CAPACITY_TOKENS: "instance:kvwatch_kv_capacity_tokens:max",
     Signal.MAX_RUNNING: "instance:kvwatch_max_running_requests:max",
 }
