@@ -50,6 +50,8 @@ HEALTHY_S = 2100.0  # lead-in: the replay starts with a full 30-minute window of
 TOTAL_S = 6300.0  # every schedule lasts this long (the after-phase takes the rest)
 WARMUP_S = 300.0
 STEP_S = 30.0
+#: seconds between the simulated scrapes (``--scrape-interval``)
+SCRAPE_S = 15.0
 
 
 @dataclass
@@ -242,7 +244,7 @@ def report(ms: list[Measured]) -> str:
 
 
 def run(work: Path, seeds: list[int], dialects: list[str], controls: int, faults: Sequence[str] = tuple(FAULTS),
-        scrape_s: float = 15.0) -> tuple[list[Measured], dict[str, float]]:
+        scrape_s: float = SCRAPE_S) -> tuple[list[Measured], dict[str, float]]:
     end_time = default_end_time()
     jobs: list[tuple[str | None, int, str, float, float]] = []
     for s in seeds:
@@ -286,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", nargs="+", default=list(FAULTS), choices=list(FAULTS))
     ap.add_argument("--json", metavar="FILE", help="also write the per-schedule measurements")
     ap.add_argument("--keep", metavar="DIR", help="keep the TSDB here (default: a temp dir, removed)")
-    ap.add_argument("--scrape-interval", type=float, default=15.0, metavar="S",
+    ap.add_argument("--scrape-interval", type=float, default=SCRAPE_S, metavar="S",
                     help="seconds between the simulated scrapes (rate windows widen to 4 of them)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvwatch-detect-") as tmp:

@@ -40,7 +40,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bench.Measur
     runs = {}
     for fault, seed, dialect in (("full", 7, Dialect.VLLM_0_10), ("stalled", 7, Dialect.SGLANG_0_5),
                                  (None, 7, Dialect.TRTLLM_SERVE)):
-        target, run, _ = bench._draw((fault, seed, dialect.value, end))  # the benchmark's own schedule
+        target, run, _ = bench._draw((fault, seed, dialect.value, end, bench.SCRAPE_S))  # the benchmark's own schedule
         runs[run.spec.instance()] = (target, run)
     write_openmetrics([r for _, r in runs.values()], work / "fleet.om", job="phases")
     backfill(work / "fleet.om", work / "tsdb")
