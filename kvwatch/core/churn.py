@@ -28,7 +28,7 @@ from kvwatch.core.dialects import BY, selector
 from kvwatch.core.dialects.model import SourceKind
 from kvwatch.core.dialects.table import resolve
 from kvwatch.core.frame import FleetData
-from kvwatch.core.models import Target, TargetKey
+from kvwatch.core.models import Target, TargetKey, target_key
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.signals import Signal
 from kvwatch.durations import format_duration
@@ -105,7 +105,7 @@ def start_leftover_probe(
         for query, keys in probes.items():
             for row in pending[query].result() if query in pending else one(query):
                 labels = row.get("metric", {}) if isinstance(row, dict) else {}
-                key = TargetKey(str(labels.get("job", "")), str(labels.get("instance", "")))
+                key = target_key(labels)
                 if key in keys and len(row.get("values", ())) > 0:  # type: ignore[union-attr]
                     hit.add(key)
         return [by_key[k] for k in by_key if k in hit]

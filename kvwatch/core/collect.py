@@ -24,7 +24,7 @@ import numpy as np
 
 from kvwatch.core.dialects import BY, Source, SourceKind, resolve, selector
 from kvwatch.core.frame import FleetData, latency_hold_steps
-from kvwatch.core.models import Target, TargetKey
+from kvwatch.core.models import Target, TargetKey, target_key
 from kvwatch.core.promclient import QueryClient, Series
 from kvwatch.core.quantile import bucket_quantile, parse_le, quantile_rows
 from kvwatch.core.selector import Matcher
@@ -385,7 +385,7 @@ def finite_les(rows: list[Series]) -> dict[TargetKey, tuple[float, ...]]:
             continue
         if not math.isfinite(le):
             continue
-        acc[TargetKey(str(m.get("job", "")), str(m.get("instance", "")))].add(le)
+        acc[target_key(m)].add(le)
     return {k: tuple(sorted(v)) for k, v in acc.items()}
 
 

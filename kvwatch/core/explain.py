@@ -84,7 +84,7 @@ def rule_line(rc: RuleCheck) -> str:
 
 
 def _own_window(r: TargetResult, ev: Evaluation) -> str:
-    """``; rate window 4m (the fleet's 2m)`` for a target scraped slower than the fleet, else empty."""
+    """``; rate window 4m, scraped slower than the fleet (2m)`` for such a target, else empty."""
     own = ev.target_rate_windows.get(r.target.key)
     if own is None:
         return ""

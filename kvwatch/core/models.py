@@ -66,6 +66,11 @@ class TargetKey(NamedTuple):
         return f"{self.job}/{self.instance}" if self.job else self.instance
 
 
+def target_key(labels: Mapping[str, object]) -> TargetKey:
+    """The target a series' labels name (missing labels read as empty strings)."""
+    return TargetKey(str(labels.get("job", "")), str(labels.get("instance", "")))
+
+
 @dataclass(frozen=True)
 class Target:
     """A discovered engine instance and the metric names Prometheus holds for it."""
@@ -305,10 +310,6 @@ class Evaluation:
     scrape_interval_s: float | None = None
     #: targets scraped slower than the fleet → the rate window their counters were read with, s
     target_rate_windows: Mapping[TargetKey, float] = field(default_factory=dict)
-
-    def rate_window_of(self, key: TargetKey) -> float:
-        """The rate window ``key``'s counters were read with, s (0: not recorded)."""
-        return self.target_rate_windows.get(key, self.rate_window_s)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -136,27 +136,21 @@ def collect_targets(
         at=at, window_s=window, step_s=ev.step, user_matchers=matchers, rate_window_s=rate_s, signals=signals,
         known=known)
     data.rate_window_s, data.scrape_interval_s = rate_s, interval
-    read_slow_targets(data, targets, slower_than_fleet(ev.rate_window, interval, own), latency_s, signals,
-                      lambda few, rw, lw, sigs, fresh: collect(
-                          client, few, user_matchers=join_matchers(matchers, instances_matcher([t.key for t in few])),
-                          signals=sigs, fresh=fresh, **{**same, "rate_window": format_duration(rw),
-                                                        "latency_window": format_duration(lw)}))  # type: ignore[arg-type]
+    read_slow_targets(client, data, targets, slower_than_fleet(ev.rate_window, interval, own), latency_s=latency_s,
+                      signals=signals, user_matchers=matchers, collect_kw=same)
     return data
 
 
-#: fetch(targets, rate window s, latency window s, signals, fresh): the caller's collection
-#: (``fresh``: some of the targets have relabel leftovers, read their expressions without them)
-SlowFetch = Callable[[list[Target], float, float, frozenset[Signal], bool], FleetData]
-
-
-def read_slow_targets(data: FleetData, targets: list[Target], slow: Mapping[TargetKey, float], latency_s: float,
-                      signals: Set[Signal] | None, fetch: SlowFetch) -> None:
+def read_slow_targets(client: QueryClient, data: FleetData, targets: list[Target], slow: Mapping[TargetKey, float],
+                      *, latency_s: float, signals: Set[Signal] | None, user_matchers: str,
+                      collect_kw: Mapping[str, object]) -> None:
     """Re-read the rate-based signals of the targets scraped slower than the fleet with their own window.
 
     ``slow`` maps those targets to their rate window (``scrape.slower_than_fleet``); one
-    fetch per distinct window, restricted to its targets' instances. Their latency window
-    is the fleet's or their rate window, whichever is longer. A row the re-read lacks keeps
-    the fleet-window reading (a gap, not a loss); gauges are not re-read.
+    :func:`collect` per distinct window (with ``collect_kw``, the caller's other arguments),
+    restricted to its targets' instances. Their latency window is the fleet's or their rate
+    window, whichever is longer. A row the re-read lacks keeps the fleet-window reading (a
+    gap, not a loss); gauges are not re-read; targets with relabel leftovers are read fresh.
     """
     by_window: dict[float, list[Target]] = {}
     for t in targets:
@@ -166,8 +160,11 @@ def read_slow_targets(data: FleetData, targets: list[Target], slow: Mapping[Targ
         sigs = rate_signals(few, signals)
         if not sigs:
             continue
-        fresh = bool(data.leftovers) and any(t.key in data.leftovers for t in few)  # type: ignore[operator]
-        got = fetch(few, rw, max(latency_s, rw), sigs, fresh)
+        keys = [t.key for t in few]
+        kw = {**collect_kw, "rate_window": format_duration(rw), "latency_window": format_duration(max(latency_s, rw))}
+        got = collect(client, few, user_matchers=join_matchers(user_matchers, instances_matcher(keys)), signals=sigs,
+                      fresh=bool(data.leftovers) and any(k in data.leftovers for k in keys),  # type: ignore[operator]
+                      **kw)  # type: ignore[arg-type]
         for t in few:
             mine, exact = data.series.setdefault(t.key, {}), got.series.get(t.key, {})
             for sig in sigs:

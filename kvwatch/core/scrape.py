@@ -23,7 +23,7 @@ from datetime import datetime
 import numpy as np
 
 from kvwatch.core.dialects import DIALECT_BY_ID, selector
-from kvwatch.core.models import Target, TargetKey
+from kvwatch.core.models import Target, TargetKey, target_key
 from kvwatch.core.promclient import QueryClient
 from kvwatch.core.signals import Signal
 from kvwatch.errors import PrometheusBadResponse
@@ -46,13 +46,6 @@ def interval_queries(targets: Iterable[Target], user_matchers: str) -> list[str]
                 out.add(f"{selector(src.metric, src.matchers, user_matchers)}[{PROBE_S:g}s]")
                 break
     return sorted(out)
-
-
-def _key(row: object) -> TargetKey | None:
-    metric = row.get("metric") if isinstance(row, dict) else None
-    if not isinstance(metric, dict) or "instance" not in metric:
-        return None
-    return TargetKey(str(metric.get("job", "")), str(metric["instance"]))
 
 
 def _gaps(row: object) -> float | None:
@@ -86,8 +79,9 @@ def detect_intervals(client: QueryClient, at: datetime, targets: Iterable[Target
             if gap is None:
                 continue
             gaps.append(gap)
-            key = _key(row)
-            if key is not None:
+            metric = row.get("metric") if isinstance(row, dict) else None
+            if isinstance(metric, dict) and "instance" in metric:
+                key = target_key(metric)
                 own[key] = max(own.get(key, 0.0), gap)
     return (float(np.quantile(gaps, QUANTILE)) if gaps else None), own
 

@@ -18,12 +18,12 @@ from datetime import UTC, datetime
 import numpy as np
 
 from kvwatch.core.churn import read_leftovers_exactly
-from kvwatch.core.collect import collect, instances_matcher, join_matchers, resolve
+from kvwatch.core.collect import collect, resolve
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.pipeline import read_slow_targets
 from kvwatch.core.promclient import QueryClient, Series
-from kvwatch.durations import format_duration, parse_duration
+from kvwatch.durations import parse_duration
 
 #: grid points per range query (Prometheus refuses more than 11,000 per series)
 MAX_POINTS = 10_000
@@ -87,12 +87,9 @@ def fetch_history(client: QueryClient, targets: list[Target], spec: HistorySpec)
                                                       **same),  # type: ignore[arg-type]
             at=when, window_s=n * res, step_s=res, user_matchers=spec.user_matchers,
             rate_window_s=parse_duration(spec.rate_window), signals=None)
-        read_slow_targets(data, targets, spec.slow, parse_duration(spec.latency_window or spec.rate_window), None,
-                          lambda few, rw, lw, sigs, fresh, same=same: collect(  # type: ignore[misc]
-                              client, few, signals=sigs, fresh=fresh, **{
-                                  **same, "rate_window": format_duration(rw), "latency_window": format_duration(lw),
-                                  "user_matchers": join_matchers(spec.user_matchers,
-                                                                 instances_matcher([t.key for t in few]))}))
+        read_slow_targets(client, data, targets, spec.slow,
+                          latency_s=parse_duration(spec.latency_window or spec.rate_window), signals=None,
+                          user_matchers=spec.user_matchers, collect_kw=same)
         parts.append(data)
         hi -= n + 1
     parts.reverse()
