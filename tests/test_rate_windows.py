@@ -222,3 +222,44 @@ def test_a_target_whose_own_window_changed_is_fetched_whole(mixed: Store) -> Non
     for sig in COUNTERS:
         if sig in full.series[slow]:
             np.testing.assert_array_equal(inc.data.values(slow, sig), full.values(slow, sig), err_msg=sig.value)
+
+
+class _Recorder:
+    """A Prometheus that answers nothing and remembers what it was asked."""
+
+    url = "http://recorder"
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    def instant(self, query: str, at: datetime) -> list:
+        self.queries.append(query)
+        return []
+
+    def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list:
+        self.queries.append(query)
+        return []
+
+
+def test_a_slow_target_with_relabel_leftovers_is_re_read_without_them() -> None:
+    """A slow TGI target whose series were relabelled (leftovers found by core/churn): its
+    re-read expressions (the KV proxy divides two gauges) go through newest_scrape, as the
+    leftover re-read does, so the old series' frozen values are not summed back in; a slow
+    target without leftovers is read plainly."""
+    from kvwatch.core.dialects import DIALECT_BY_ID
+    from kvwatch.core.frame import FleetData
+    from kvwatch.core.models import Target
+    from kvwatch.core.pipeline import read_slow_targets
+
+    names = frozenset(n for srcs in DIALECT_BY_ID["tgi"].sources.values() for s in srcs for n in s.requires)
+    t = Target(TargetKey("tgi", "slow:8000"), "tgi", "tgi", "m", names)
+    at = datetime.fromtimestamp(1_800_000_000, tz=UTC)
+    for leftovers, fresh in ((frozenset({t.key}), True), (frozenset(), False)):
+        data = FleetData(grid=np.arange(61) * 30.0, targets={t.key: t}, leftovers=leftovers)
+        client = _Recorder()
+        read_slow_targets(client, data, [t], {t.key: 240.0}, latency_s=600.0, signals=None, user_matchers="",
+                          collect_kw={"at": at, "window_s": 1800.0, "step_s": 30.0})
+        kv = [q for q in client.queries if "tgi_batch_current_max_tokens" in q and "_bucket" not in q]
+        assert kv, client.queries
+        assert all(("timestamp(" in q) is fresh for q in kv), kv
+        assert data.target_rate_window_s == {t.key: 240.0}
