@@ -1864,3 +1864,36 @@ def test_a_queue_that_holds_or_costs_time_still_keeps_a_pool_from_compute_bound(
                 queue_mean=const(1.0 if case == "costly" else 0.015), queue_p99=const(1.4))
     r = _with_vllm_ttft_buckets(sigs)
     assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "compute_bound"), r.primary
+
+
+def _wedged_for(last_s: float, *, tokens: bool) -> dict[Signal, np.ndarray]:
+    """An engine that served steadily until ``last_s`` seconds before the end, then wedged: no
+    progress on the grid's last samples (the rate already spans its window without a token),
+    25 requests waiting. ``tokens``: the engine counts tokens; else only finished requests."""
+    quiet = GRID[-1] - last_s <= GRID
+    sigs = base(kv_usage=const(0.3), running=const(12), waiting=np.where(quiet, 25.0, 0.0),
+                gen_tps=np.where(quiet, 0.0, 400.0), request_rate=np.where(quiet, 0.0, 2.0))
+    if not tokens:
+        del sigs[Signal.GEN_TPS], sigs[Signal.PROMPT_TPS]
+    return sigs
+
+
+def test_a_wedge_is_paged_after_one_minute_of_zero_token_rate() -> None:
+    """Detection benchmark with 60 s scrapes: the token rate reads zero only once its 4-minute
+    window holds no token (4 scrape intervals, like Grafana's $__rate_interval), and two more
+    minutes of zeros were asked: a wedge paged after 5.5 min, past the 5-minute goal. A zero
+    token rate already says "no token for a whole rate window" (2 minutes at least); a minute of
+    it with requests waiting is a wedge (detection: 4.5 min at 60 s scrapes, 3.0 at 15 s)."""
+    r = diagnose_one(_wedged_for(60.0, tokens=True))
+    assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "stalled"), r.primary
+    r = diagnose_one(_wedged_for(20.0, tokens=True))  # a single zero may be one slow step
+    assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "stalled"), r.primary
+
+
+def test_without_token_counters_a_wedge_needs_two_minutes_without_a_finished_request() -> None:
+    """Finished requests are a coarser progress signal than tokens (a few long requests may take
+    minutes to finish while decoding): where only they are counted, two minutes of none."""
+    r = diagnose_one(_wedged_for(60.0, tokens=False))
+    assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "stalled"), r.primary
+    r = diagnose_one(_wedged_for(120.0, tokens=False))
+    assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "stalled"), r.primary
