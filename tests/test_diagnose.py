@@ -377,6 +377,24 @@ def test_replica_imbalance_flags_the_saturated_replica_only() -> None:
     assert "group" in res["hot"].primary.summary
 
 
+def test_a_replica_whose_full_episode_just_drained_is_no_imbalance() -> None:
+    """Detection benchmark (ph-full-200-trtllm-triton, six dialects): a replica full with
+    hundreds queued for most of the 10-minute span drained its backlog and fell to 69 % KV at
+    the newest sample. Full stopped matching, and the span's 95 % of samples >= 0.85 still read
+    as "this replica saturated while its group is fine": a new misread incident 90 s after the
+    ground truth recovered. An imbalance is a replica saturated now, not one that was."""
+    fleet = {f"r{i}": base(kv_usage=const(0.4)) for i in range(4)}
+    kv, waiting = const(0.99), const(600.0)
+    kv[-1], waiting[-1] = 0.69, 0.0
+    fleet["hot"] = base(kv_usage=kv, waiting=waiting)
+    res = run(fleet)
+    assert res["hot"].mode_verdict(FailureMode.MISREAD).verdict is Verdict.NOT_MATCHED, res["hot"].primary
+    kv[-1] = 0.93  # one dip earlier in the span is still a saturated replica
+    kv[-4] = 0.7
+    fleet["hot"] = base(kv_usage=kv)
+    assert run(fleet)["hot"].state is FailureMode.MISREAD
+
+
 def test_headroom_in_tokens_and_requests_fills_triage() -> None:
     r = run({"t": base(kv_usage=const(0.97), waiting=const(5))})["t"]
     facts = r.facts
