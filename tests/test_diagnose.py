@@ -1915,3 +1915,34 @@ def test_without_token_counters_a_wedge_needs_two_minutes_without_a_finished_req
     assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "stalled"), r.primary
     r = diagnose_one(_wedged_for(120.0, tokens=False))
     assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "stalled"), r.primary
+
+
+def _backlog_admitted(shape: str) -> dict[Signal, np.ndarray]:
+    """A policy that held requests back was lifted 4 minutes ago: the backlog is admitted and
+    pins the pool at 100 %, thousands queued (Little's law: minutes of throughput each).
+    ``draining``: the queue shrinks steadily, nobody preempted; ``small``: a handful wait."""
+    t = np.arange(N)
+    on = t >= N - 9
+    queue = np.where(on, 2800.0 - 180.0 * np.maximum(t - (N - 9), 0), 0.0)
+    if shape == "small":
+        queue = np.where(on, 3.0, 0.0)
+    return base(kv_usage=np.where(on, 1.0, 0.45), running=np.where(on, 190.0, 80.0), waiting=queue,
+                request_rate=const(6.0))
+
+
+def test_a_pinned_pool_with_minutes_of_backlog_is_full_while_the_queue_drains() -> None:
+    """Detection benchmark (71 72 73, six dialects: ph-fragmented-7100-lmdeploy): when a
+    reservation stall ended, 2,800 queued requests were admitted and pinned the pool at 100 %
+    for 9 minutes while the queue drained. The fast rule asked for a growing queue or
+    preemptions, so only the 10-minute rule could page, and it did at the minute the backlog
+    cleared: an incident opened as the fault recovered. A pool pinned for 3 minutes with
+    minutes of throughput queued at every sample is full now, draining or not."""
+    r = diagnose_one(_backlog_admitted("draining"))
+    assert r.state is FailureMode.FULL, r.primary
+
+
+def test_a_pinned_pool_with_a_handful_waiting_is_not_full_fast() -> None:
+    """The converse: three requests waiting behind a pinned pool for 3 minutes (a few seconds of
+    throughput), not growing and never preempted, is not yet full on the fast window."""
+    r = diagnose_one(_backlog_admitted("small"))
+    assert r.state is not FailureMode.FULL, r.primary
