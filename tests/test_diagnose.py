@@ -1095,9 +1095,9 @@ _VLLM_TTFT_LE = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 
 
-def _with_vllm_ttft_buckets(sigs: dict[Signal, np.ndarray]) -> object:
+def _with_vllm_ttft_buckets(sigs: dict[Signal, np.ndarray], *, explain: bool = False) -> object:
     """One vLLM target whose TTFT quantiles come from vLLM's bucket layout (a quantile says
-    only which bucket it lies in)."""
+    only which bucket it lies in); ``explain`` records its conditions."""
     t = Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m")
     data = FleetData(grid=GRID, targets={t.key: t})
     data.sourced[t.key] = set(sigs)
@@ -1105,7 +1105,8 @@ def _with_vllm_ttft_buckets(sigs: dict[Signal, np.ndarray]) -> object:
         data.put(t.key, sig, v)
     data.buckets[t.key] = {Signal.TTFT_P50: _VLLM_TTFT_LE, Signal.TTFT_P99: _VLLM_TTFT_LE}
     data.ceilings[t.key] = {Signal.TTFT_P50: _VLLM_TTFT_LE[-1], Signal.TTFT_P99: _VLLM_TTFT_LE[-1]}
-    (r,) = diagnose([t], data, RULES, Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0))
+    (r,) = diagnose([t], data, RULES, Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0),
+                    explain=frozenset({t.key}) if explain else frozenset())
     return r
 
 
@@ -1946,3 +1947,40 @@ def test_a_pinned_pool_with_a_handful_waiting_is_not_full_fast() -> None:
     throughput), not growing and never preempted, is not yet full on the fast window."""
     r = diagnose_one(_backlog_admitted("small"))
     assert r.state is not FailureMode.FULL, r.primary
+
+
+def test_a_tail_established_over_the_slo_is_not_dropped_by_a_newest_quantile_in_the_slo_bucket() -> None:
+    """Held-out corpora 65 66 (rnd-66-019, LMDeploy) and 69 70 (rnd-69-076, vLLM 0.33): the TTFT
+    p99 was over the 2 s SLO beyond doubt (above the 2.5 s bound) in most of the 10-minute span,
+    p99 ≥ 10× p50, mean 0.33 s, no queue: a slice of requests suffers. The newest p99
+    interpolated to 2.49 s, inside the SLO's own bucket (1, 2.5], where the comparison is not
+    established, and "still over the SLO now" failed: the pool read low demand. A newest quantile
+    that cannot say which side of the SLO it is on does not show the tail has gone."""
+    p99 = const(3.3)
+    p99[-1] = 2.49
+    sigs = base(kv_usage=const(0.1), running=const(3), ttft_p50=const(0.17), ttft_p99=p99,
+                ttft_mean=const(0.33), gen_tps=const(80), request_rate=const(0.5))
+    r = _with_vllm_ttft_buckets(sigs)
+    assert r.state is FailureMode.MISREAD, r.primary
+    from datetime import UTC, datetime
+
+    from kvwatch.core.explain import explain_text
+    from kvwatch.core.models import Evaluation
+
+    r = _with_vllm_ttft_buckets(sigs, explain=True)  # the per-target explanation agrees with the fleet kernel
+    text = explain_text(r, Evaluation(evaluated_at=datetime.fromtimestamp(AT, tz=UTC), results=(r,), window_s=WINDOW))
+    assert "misread-ttft-tail (misread): matched" in text, text
+    assert "ttft_p99.last over 10m: 2.49 > 2 → met  (in the histogram bucket (1, 2.5] that holds the threshold" in text, text
+    p99[-1] = 0.9  # established back within the SLO: the tail has gone
+    r = _with_vllm_ttft_buckets(sigs)
+    assert r.state is not FailureMode.MISREAD, r.primary
+
+
+def test_a_newest_quantile_in_the_slo_bucket_does_not_make_a_tail() -> None:
+    """The converse: a p99 that was never established over the SLO and sits in its bucket now is
+    no tail (in-bucket comparisons still never count as evidence by themselves)."""
+    p99 = const(2.3)
+    sigs = base(kv_usage=const(0.1), running=const(3), ttft_p50=const(0.17), ttft_p99=p99,
+                ttft_mean=const(0.33), gen_tps=const(80), request_rate=const(0.5))
+    r = _with_vllm_ttft_buckets(sigs)
+    assert r.state is not FailureMode.MISREAD, r.primary

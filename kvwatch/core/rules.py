@@ -127,6 +127,12 @@ class Leaf(_M):
     #: a guard only excludes look-alikes ("no sustained queue", "not KV-pinned"): when the
     #: rule is undecidable, a met guard does not count as evidence pointing to the mode
     guard: bool = False
+    #: how a comparison counts when an interpolated quantile lies in the threshold's own
+    #: histogram bucket (the true value may be on either side): "false" (default, never
+    #: evidence), or "true" for a "still so now" check whose past the rest of the rule has
+    #: established (a newest quantile that cannot say which side it is on does not show a
+    #: change)
+    straddled: Literal["false", "true"] = "false"
 
     def threshold(self, facts: dict[str, float | None]) -> float | None:
         """The number this leaf compares against (None when its reference fact is unknown)."""

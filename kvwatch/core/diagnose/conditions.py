@@ -116,9 +116,9 @@ class RuleEval:
             # for a mode (False, or True under `not`). Not undecidable: the signal is there and
             # its resolution cannot show more; `unknown` would page healthy pools whose p99
             # sits in the SLO's bucket (a healthy trtllm-serve control: 87 of 141 steps)
-            result = negated
+            result = negated or leaf.straddled == "true"
             note = (f"in the histogram bucket ({inside[0]:g}, {inside[1]:g}] that holds the threshold: "
-                    "not established")
+                    + ("counts as met (straddled: true)" if leaf.straddled == "true" else "not established"))
             self._record(path, name, stat, window, leaf, thr, obs, result, negated, note)
             return result
         ok = bool(_OPS[leaf.op](obs, thr))
