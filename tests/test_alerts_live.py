@@ -265,7 +265,10 @@ def test_shipped_scrape_configs_keep_engine_labels_for_the_dashboards(live: Live
                 if d and d.get("kind") == "ServiceMonitor"]
     # the ServiceMonitor's endpoint becomes the same scrape job in the Operator's generated config
     assert monitors[0]["spec"]["endpoints"][0].get("honorLabels") is True
-    target = live.targets["healthy-busy"][0]  # scraped in the rollout job since the rollout
+    # whichever engine the rollout job scrapes now (before or after the rollout test moved it):
+    # the test does not depend on the order the module's tests run in
+    wait("an engine scraped in the rollout job", lambda: live.query(f'up{{job="{ROLLOUT_JOB}"}} == 1'), 30)
+    target = live.query(f'up{{job="{ROLLOUT_JOB}"}} == 1')[0]["metric"]["instance"]
     with ExitStack() as stack:
         run = live.kvwatch(stack, ROLLOUT_JOB, "#shipped", live.tmp / "shipped-state.json", "kvwatch-shipped")
         port = kvwatch_port(run.log, run.popen)
