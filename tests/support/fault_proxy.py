@@ -146,7 +146,11 @@ class FaultProxy:
                 if mode is FaultMode.LATENCY:
                     time.sleep(fault.delay_s)
                 fwd = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection", "accept-encoding")}
-                status, headers, data = proxy._forward(self.command, self.path, fwd, body)
+                try:
+                    status, headers, data = proxy._forward(self.command, self.path, fwd, body)
+                except OSError as exc:  # upstream gone (stopped first at teardown): what a proxy answers
+                    self._send(502, [("Content-Type", "text/plain")], f"bad gateway: {exc}".encode())
+                    return
                 if mode is FaultMode.TRUNCATE:
                     cut = data[: int(len(data) * fault.fraction)]
                     self._send(status, headers, cut, len(data) if fault.truncate_header else None)
