@@ -1984,3 +1984,29 @@ def test_a_newest_quantile_in_the_slo_bucket_does_not_make_a_tail() -> None:
                 ttft_mean=const(0.33), gen_tps=const(80), request_rate=const(0.5))
     r = _with_vllm_ttft_buckets(sigs)
     assert r.state is not FailureMode.MISREAD, r.primary
+
+
+def _sglang(sigs: dict[Signal, np.ndarray]) -> object:
+    """One SGLang target exporting its usual counters (generation_tokens_total among them)."""
+    names = frozenset({"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+                       "sglang:generation_tokens_total", "sglang:prompt_tokens_total",
+                       "sglang:num_requests_total"})
+    t = Target(TargetKey("sglang", "t"), "sglang", "sglang", "m", names=names)
+    data = FleetData(grid=GRID, targets={t.key: t})
+    data.sourced[t.key] = set(sigs)
+    for sig, v in sigs.items():
+        data.put(t.key, sig, v)
+    (r,) = diagnose([t], data, RULES, Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0))
+    return r
+
+
+def test_tokens_counted_when_requests_finish_need_two_minutes_of_nothing_for_a_stall() -> None:
+    """SGLang adds a request's generated tokens to generation_tokens_total when the request
+    finishes (TokenizerMetricsCollector.observe_one_finished_request), not per step: a few long
+    generations at low concurrency leave its rate at zero for minutes while the engine decodes.
+    There a zero rate is no more than "no request finished", and a stall needs the two minutes
+    the request counter needs (a minute was enough to page a working SGLang instance)."""
+    r = _sglang(_wedged_for(60.0, tokens=True))
+    assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "stalled"), r.primary
+    r = _sglang(_wedged_for(120.0, tokens=True))
+    assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "stalled"), r.primary

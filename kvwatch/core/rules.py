@@ -93,6 +93,9 @@ FACTS: dict[str, str] = {
                               "kvwatch then reads as waiting only the part a within-SLO prefill cannot hold: diagnose/prefill.py), else 0",
     "waiting_estimated": "1 where waiting is the Little's-law estimate from the queue-time histogram (no queue gauge: "
                          "smoothed over the rate window, it lags and never drains between close peaks), else 0",
+    "tokens_at_finish": "1 where the token counter behind gen_tps adds a request's tokens when it finishes, not per "
+                        "step (SGLang's generation_tokens_total, per-request histogram sums): a zero rate there is "
+                        "only 'no request finished', else 0",
     "queue_shows_stalls": "1 where the queue reading shows the requests a wedged scheduler holds; no number (a rule "
                           "reading it is undecidable) where it cannot: an executor queue alone (admitted requests "
                           "uncounted) or a Little's-law estimate (a stuck request never reports its queue time)",

@@ -7,7 +7,12 @@ that triage text quotes; replica-group facts from :mod:`.groups` are merged in.
 from __future__ import annotations
 
 from kvwatch.core.diagnose.view import TargetView
-from kvwatch.core.dialects import waiting_counts_prefill, waiting_is_estimate, waiting_shows_stalls
+from kvwatch.core.dialects import (
+    tokens_counted_at_finish,
+    waiting_counts_prefill,
+    waiting_is_estimate,
+    waiting_shows_stalls,
+)
 from kvwatch.core.statistics.series import safe_ratio
 
 
@@ -37,6 +42,7 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "ttft_slo": p.ttft_slo_s,
         "waiting_counts_prefill": 1.0 if waiting_counts_prefill(view.target.dialect) else 0.0,
         "waiting_estimated": 1.0 if waiting_is_estimate(view.target) else 0.0,
+        "tokens_at_finish": 1.0 if tokens_counted_at_finish(view.target) else 0.0,
         # no number where the queue reading cannot show a wedge: a rule comparing it is undecidable
         "queue_shows_stalls": 1.0 if waiting_shows_stalls(view.target) else None,
         "latency_reach_s": p.latency_reach_s,

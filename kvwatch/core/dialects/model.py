@@ -149,6 +149,10 @@ class Source:
     #: for a queue reading: it does not count requests the engine admitted but does not schedule
     #: (an executor queue alone), so a wedged scheduler holding its requests admitted reads 0 in it
     misses_admitted: bool = False
+    #: for a token counter: the engine adds a request's tokens when the request finishes, not
+    #: per step (SGLang's ``generation_tokens_total``, per-request histogram sums), so a zero rate
+    #: says only that no request finished in the rate window, as a request counter would
+    counted_at_finish: bool = False
 
     @property
     def requires(self) -> tuple[str, ...]:

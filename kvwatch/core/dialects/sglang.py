@@ -71,7 +71,8 @@ def sglang_sources(p: str) -> dict[Signal, tuple[Source, ...]]:
             Signal.TPOT_P99: Source(HQ, f"{p}request_time_per_output_token_seconds", quantile=0.99,
                                     note="per finished request (0.5.23)"),
             Signal.GEN_TPS: (
-                Source(C, f"{p}generation_tokens_total", agg="sum"),
+                Source(C, f"{p}generation_tokens_total", agg="sum", counted_at_finish=True,
+                       note="added when a request finishes (TokenizerMetricsCollector.observe_one_finished_request)"),
                 Source(G, f"{p}gen_throughput", pr, agg="sum", dedup_by=dp,
                        estimate="the scheduler's decode throughput gauge, tokens/s"),
             ),

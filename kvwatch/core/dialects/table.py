@@ -208,6 +208,13 @@ def aborts_count_as_finished(target: Target) -> bool:
     return src is None or src.counts_aborted
 
 
+def tokens_counted_at_finish(target: Target) -> bool:
+    """Whether a target's token progress (``gen_tps``) is counted when requests finish rather
+    than per step (False where it has no token source: nothing is read from nothing)."""
+    src = resolve(target).get(Signal.GEN_TPS)
+    return src is not None and src.counted_at_finish
+
+
 def waiting_counts_prefill(dialect_id: str) -> bool:
     """Whether a dialect's waiting gauge also counts requests in prefill (until their first token)."""
     d = DIALECT_BY_ID.get(dialect_id)

@@ -31,7 +31,7 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
             Signal.QUEUE_MEAN: Source(HM, "tgi_request_queue_duration"),
             Signal.TPOT_P99: Source(HQ, "tgi_request_mean_time_per_token_duration", quantile=0.99,
                                     note="mean time per token of each request (TPOT)"),
-            Signal.GEN_TPS: Source(C, "tgi_request_generated_tokens_sum", agg="sum",
+            Signal.GEN_TPS: Source(C, "tgi_request_generated_tokens_sum", agg="sum", counted_at_finish=True,
                                    note="from the per-request histogram: counted at request end"),
             Signal.PROMPT_TPS: Source(C, "tgi_request_input_length_sum", agg="sum"),
             # tgi_request_count is incremented when a request arrives, tgi_request_success when it

@@ -89,7 +89,8 @@ TRITON_SOURCES = merge_sources(
             note="Triton scheduler queue of the LLM model only (mean, s)",
         ),
         Signal.GEN_TPS: (
-            Source(C, "nv_llm_output_token_len_sum", agg="sum"),
+            Source(C, "nv_llm_output_token_len_sum", agg="sum", counted_at_finish=True,
+                   note="per-request histogram: counted when the request finishes"),
             _per_iteration("generation_requests", "decode requests per iteration x iterations/s = tokens/s"),
         ),
         Signal.PROMPT_TPS: (

@@ -56,7 +56,7 @@ def vllm_sources(p: str, total: str = "_total") -> dict[Signal, tuple[Source, ..
                                     bucket_range=(0.01, 80.0), note="per finished request (>= 0.11.0)"),
             Signal.GEN_TPS: (
                 Source(C, f"{p}generation_tokens{total}", _VM, agg="sum"),
-                Source(C, f"{p}request_generation_tokens_sum", _VM, agg="sum",
+                Source(C, f"{p}request_generation_tokens_sum", _VM, agg="sum", counted_at_finish=True,
                        estimate="tokens/s counted when requests finish (per-request histogram sum)"),
             ),
             Signal.PROMPT_TPS: (
