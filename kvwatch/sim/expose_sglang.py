@@ -12,6 +12,9 @@ from kvwatch.sim.expose import Families, Family, Labels, register
 from kvwatch.sim.trace import EngineView
 from kvwatch.sim.vocab import Dialect
 
+#: one bucket bound: only the sums of per-request histograms are read here
+_ONE = (1.0,)
+
 
 def _hit_rate(view: EngineView) -> object:
     q, h = np.asarray(view.c["prefix_queries"]), np.asarray(view.c["prefix_hits"])
@@ -32,10 +35,13 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
         if d is Dialect.SGLANG_0_5:  # 0.5.23's real collector (conformance/) adds the EP rank
             sched = (*sched[:2], ("moe_ep_rank", "0"), *sched[2:])
     used_tokens = np.asarray(g["used_blocks"]) * view.config.block_size
+    # the tokenizer manager adds a request's tokens when it finishes
+    # (TokenizerMetricsCollector.observe_one_finished_request), not per step: the sums of the
+    # finished requests' lengths, as the per-request histograms hold them
     f.counter(f"{p}prompt_tokens_total", "Number of prefill tokens processed.", tok,
-              c["prompt_tokens"])
+              view.hist("prompt_tokens", _ONE)[2])
     f.counter(f"{p}generation_tokens_total", "Number of generation tokens processed.", tok,
-              c["generation_tokens"])
+              view.hist("gen_tokens", _ONE)[2])
     # rounded to 2 decimals by the 0.4 scheduler; 0.5.23 exports the ratio as computed
     usage = g["usage"] if d is Dialect.SGLANG_0_5 else np.round(g["usage"], 2)
     f.gauge(f"{p}token_usage", "The token usage.", sched, usage)
