@@ -1991,13 +1991,7 @@ def _sglang(sigs: dict[Signal, np.ndarray]) -> object:
     names = frozenset({"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
                        "sglang:generation_tokens_total", "sglang:prompt_tokens_total",
                        "sglang:num_requests_total"})
-    t = Target(TargetKey("sglang", "t"), "sglang", "sglang", "m", names=names)
-    data = FleetData(grid=GRID, targets={t.key: t})
-    data.sourced[t.key] = set(sigs)
-    for sig, v in sigs.items():
-        data.put(t.key, sig, v)
-    (r,) = diagnose([t], data, RULES, Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0))
-    return r
+    return _diagnose_as(Target(TargetKey("sglang", "t"), "sglang", "sglang", "m", names=names), sigs)
 
 
 def test_tokens_counted_when_requests_finish_need_two_minutes_of_nothing_for_a_stall() -> None:
