@@ -137,6 +137,12 @@ class Leaf(_M):
     #: change)
     straddled: Literal["false", "true"] = "false"
 
+    def straddled_result(self, negated: bool) -> bool:
+        """What the leaf returns when its quantile lies in the threshold's own bucket: not
+        established (False; True under `not`, so the group it negates fails), unless the leaf
+        counts a straddled bucket as met. One definition for the fleet kernel and explain."""
+        return negated or self.straddled == "true"
+
     def threshold(self, facts: dict[str, float | None]) -> float | None:
         """The number this leaf compares against (None when its reference fact is unknown)."""
         if self.ref is None:

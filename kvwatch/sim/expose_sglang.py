@@ -12,9 +12,6 @@ from kvwatch.sim.expose import Families, Family, Labels, register
 from kvwatch.sim.trace import EngineView
 from kvwatch.sim.vocab import Dialect
 
-#: one bucket bound: only the sums of per-request histograms are read here
-_ONE = (1.0,)
-
 
 def _hit_rate(view: EngineView) -> object:
     q, h = np.asarray(view.c["prefix_queries"]), np.asarray(view.c["prefix_hits"])
@@ -39,9 +36,9 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
     # (TokenizerMetricsCollector.observe_one_finished_request), not per step: the sums of the
     # finished requests' lengths, as the per-request histograms hold them
     f.counter(f"{p}prompt_tokens_total", "Number of prefill tokens processed.", tok,
-              view.hist("prompt_tokens", _ONE)[2])
+              view.hist_sum("prompt_tokens"))
     f.counter(f"{p}generation_tokens_total", "Number of generation tokens processed.", tok,
-              view.hist("gen_tokens", _ONE)[2])
+              view.hist_sum("gen_tokens"))
     # rounded to 2 decimals by the 0.4 scheduler; 0.5.23 exports the ratio as computed
     usage = g["usage"] if d is Dialect.SGLANG_0_5 else np.round(g["usage"], 2)
     f.gauge(f"{p}token_usage", "The token usage.", sched, usage)

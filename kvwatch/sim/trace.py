@@ -60,6 +60,10 @@ class EngineView:
         """Cumulative bucket counts at ``bounds`` then +Inf, the count and the sum."""
         return select(self.bank, name, self.hist_state, bounds)
 
+    def hist_sum(self, name: str) -> Value:
+        """The running sum of histogram ``name`` (e.g. tokens of the requests finished so far)."""
+        return self.hist_state[..., self.bank.size + self.bank.index[name]]
+
 
 class Recorder:
     """Collects per-step ground truth (gauges, counters, TTFT events) and histogram snapshots."""

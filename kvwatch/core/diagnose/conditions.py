@@ -116,7 +116,7 @@ class RuleEval:
             # for a mode (False, or True under `not`). Not undecidable: the signal is there and
             # its resolution cannot show more; `unknown` would page healthy pools whose p99
             # sits in the SLO's bucket (a healthy trtllm-serve control: 87 of 141 steps)
-            result = negated or leaf.straddled == "true"
+            result = leaf.straddled_result(negated)
             note = (f"in the histogram bucket ({inside[0]:g}, {inside[1]:g}] that holds the threshold: "
                     + ("counts as met (straddled: true)" if leaf.straddled == "true" else "not established"))
             self._record(path, name, stat, window, leaf, thr, obs, result, negated, note)

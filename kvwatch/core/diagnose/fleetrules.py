@@ -223,9 +223,8 @@ class FleetRules:
             if leaf.op in _ORDERING and leaf.stat in ORDER_STATS:
                 for i in np.flatnonzero(present & self._has_layout(name)):
                     if self.views[i].bucket(name, leaf.stat, float(obs[i]), float(thr[i])) is not None:
-                        # inside the threshold's bucket: not established (False, True under `not`)
-                        # unless the leaf counts a straddled bucket as met
-                        (true if negated or leaf.straddled == "true" else false)[i] = True
+                        # inside the threshold's bucket: not established, or met where the leaf says so
+                        (true if leaf.straddled_result(negated) else false)[i] = True
                         present[i] = False
         with np.errstate(invalid="ignore"):
             ok = np.asarray(_OPS[leaf.op](obs, thr), dtype=bool)
