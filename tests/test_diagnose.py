@@ -2004,3 +2004,37 @@ def test_tokens_counted_when_requests_finish_need_two_minutes_of_nothing_for_a_s
     assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "stalled"), r.primary
     r = _sglang(_wedged_for(120.0, tokens=True))
     assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "stalled"), r.primary
+
+
+def _tail_with_early_readings(early: float) -> dict[Signal, np.ndarray]:
+    """A slice-of-requests TTFT tail (p99 3.3 s, 20× p50, mean 0.33 s, no queue) whose 10-minute
+    p99 read ``early`` in the oldest 40 % of the span and clearly over the SLO since."""
+    p99 = const(3.3)
+    span = GRID[-1] - GRID >= 0.6 * 600
+    p99[span] = early
+    p99[-1] = 3.7
+    return base(kv_usage=const(0.1), running=const(3), ttft_p50=const(0.17), ttft_p99=p99,
+                ttft_mean=const(0.33), gen_tps=const(80), request_rate=const(0.5))
+
+
+def test_a_tail_over_the_slo_now_that_read_inside_its_bucket_before_is_misread() -> None:
+    """Held-out corpus 75 76 (rnd-76-062, vLLM 0.8.2): 2.3 % of the requests over the 2 s SLO
+    in both halves of the last 10 minutes, p99 3.7 s now (above the 2.5 s bound: established),
+    but in a quarter of the span the interpolated p99 read 1.66 s, inside the SLO's bucket
+    (1, 2.5]: "over the SLO in 75 % of the span" was not established and the pool read healthy.
+    A p99 that never read below the SLO's bucket and is established over it now persists;
+    one of the two readings must be established, the other may sit in the bucket."""
+    r = _with_vllm_ttft_buckets(_tail_with_early_readings(1.66))
+    assert r.state is FailureMode.MISREAD, r.primary
+
+
+def test_a_tail_that_rose_from_below_the_slo_bucket_is_not_yet_misread() -> None:
+    """The converse: a p99 established under the SLO's bucket (0.6 s) in 40 % of the span has not
+    persisted; nor does a span in the bucket with a newest reading in the bucket make a tail."""
+    r = _with_vllm_ttft_buckets(_tail_with_early_readings(0.6))
+    assert r.state is not FailureMode.MISREAD, r.primary
+    sigs = _tail_with_early_readings(1.66)
+    sigs[Signal.TTFT_P99][-1] = 2.3
+    sigs[Signal.TTFT_P99][sigs[Signal.TTFT_P99] == 3.3] = 2.2
+    r = _with_vllm_ttft_buckets(sigs)
+    assert r.state is not FailureMode.MISREAD, r.primary
