@@ -1095,16 +1095,18 @@ _VLLM_TTFT_LE = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.7
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 
 
-def _with_vllm_ttft_buckets(sigs: dict[Signal, np.ndarray], *, explain: bool = False) -> object:
+def _with_vllm_ttft_buckets(sigs: dict[Signal, np.ndarray], *, explain: bool = False,
+                            le: tuple[float, ...] = _VLLM_TTFT_LE) -> object:
     """One vLLM target whose TTFT quantiles come from vLLM's bucket layout (a quantile says
-    only which bucket it lies in); ``explain`` records its conditions."""
+    only which bucket it lies in; ``le``: its finite bounds, vLLM ≥ 0.9's by default);
+    ``explain`` records its conditions."""
     t = Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m")
     data = FleetData(grid=GRID, targets={t.key: t})
     data.sourced[t.key] = set(sigs)
     for sig, v in sigs.items():
         data.put(t.key, sig, v)
-    data.buckets[t.key] = {Signal.TTFT_P50: _VLLM_TTFT_LE, Signal.TTFT_P99: _VLLM_TTFT_LE}
-    data.ceilings[t.key] = {Signal.TTFT_P50: _VLLM_TTFT_LE[-1], Signal.TTFT_P99: _VLLM_TTFT_LE[-1]}
+    data.buckets[t.key] = {Signal.TTFT_P50: le, Signal.TTFT_P99: le}
+    data.ceilings[t.key] = {Signal.TTFT_P50: le[-1], Signal.TTFT_P99: le[-1]}
     (r,) = diagnose([t], data, RULES, Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0),
                     explain=frozenset({t.key}) if explain else frozenset())
     return r
@@ -2037,4 +2039,24 @@ def test_a_tail_that_rose_from_below_the_slo_bucket_is_not_yet_misread() -> None
     sigs[Signal.TTFT_P99][-1] = 2.3
     sigs[Signal.TTFT_P99][sigs[Signal.TTFT_P99] == 3.3] = 2.2
     r = _with_vllm_ttft_buckets(sigs)
+    assert r.state is not FailureMode.MISREAD, r.primary
+
+
+def test_a_tail_ratio_now_is_a_number_once_the_clamped_medians_have_left_the_newest_sample() -> None:
+    """Held-out corpus 77 78 (rnd-77-028, vLLM 0.8.2, TTFT buckets up to 10 s): an episode
+    queued every request past the last bucket (p50 and p99 "> 10 s") until 8 minutes ago;
+    nobody has waited for 13 minutes, and the newest 10-minute quantiles show a slice of
+    requests: p99 4.7 s, 24× the p50 of 0.2 s, mean 0.47 s. The tail ratio *now* was declared
+    unknowable because a median earlier in the span had been clamped, and the pool read
+    unknown. Only the newest sample decides a `last`: there p50 is a number."""
+    le = _VLLM_TTFT_LE[:16]  # vLLM 0.8: up to 10 s
+    early = GRID[-1] - GRID > 8 * 60
+    sigs = base(kv_usage=const(0.07), running=const(3), gen_tps=const(80), request_rate=const(0.7),
+                waiting=np.where(GRID[-1] - GRID > 13 * 60, 6.0, 0.0),
+                ttft_p50=np.where(early, 10.0, 0.197), ttft_p99=np.where(early, 10.0, 4.66),
+                ttft_mean=np.where(early, 12.0, 0.47))
+    r = _with_vllm_ttft_buckets(sigs, le=le)
+    assert r.state is FailureMode.MISREAD, r.primary
+    sigs[Signal.TTFT_P50][-1] = 10.0  # the newest median clamped: the ratio now is no number
+    r = _with_vllm_ttft_buckets(sigs, le=le)
     assert r.state is not FailureMode.MISREAD, r.primary

@@ -91,6 +91,12 @@ class TargetView:
         if not ceil or not self.fleet.may_clamp(DERIVED_INPUTS.get(name, (name,)), span_s)[self.row]:
             return ""  # no sample at a ceiling: exact (the fleet-wide check is one numpy pass)
         i0 = self._start(span_s)
+        if stat == "last":
+            # only the newest sample decides a `last`: a quantile clamped earlier in the span
+            # (an episode's tail that has left the latency window) says nothing about it
+            own = self.raw(name)
+            fin = np.flatnonzero(np.isfinite(own[i0:])) if own is not None else np.empty(0, int)
+            i0 = i0 + int(fin[-1]) if len(fin) else i0
         if name == "ttft_tail_ratio":
             c99, c50 = ceil.get(Signal.TTFT_P99), ceil.get(Signal.TTFT_P50)
             p50 = self.raw("ttft_p50")
