@@ -951,9 +951,10 @@ def _frontend(sigs: dict[Signal, np.ndarray]) -> object:
     return _diagnose_as(t, {s: v for s, v in sigs.items() if s is not Signal.PREEMPTIONS})  # the frontend exports none
 
 
-def _diagnose_as(t: Target, sigs: dict[Signal, np.ndarray]) -> object:
-    """``t`` (its dialect and metric names as given) with ``sigs`` on the test grid, diagnosed at its end."""
-    data = FleetData(grid=GRID, targets={t.key: t})
+def _diagnose_as(t: Target, sigs: dict[Signal, np.ndarray], rate_window_s: float = 0.0) -> object:
+    """``t`` (its dialect and metric names as given) with ``sigs`` on the test grid, diagnosed at
+    its end (``rate_window_s``: the counters' rate window the collection used)."""
+    data = FleetData(grid=GRID, targets={t.key: t}, rate_window_s=rate_window_s)
     data.sourced[t.key] = set(sigs)
     for s, v in sigs.items():
         data.put(t.key, s, v)
@@ -1278,14 +1279,15 @@ def test_a_slow_dynamo_pool_whose_kv_proxy_reaches_half_is_not_oscillating() -> 
     assert _frontend(sigs).state is FailureMode.OSCILLATING
 
 
-def _estimated_queue_target(sigs: dict[Signal, np.ndarray], estimated: bool) -> object:
+def _estimated_queue_target(sigs: dict[Signal, np.ndarray], estimated: bool, rate_window_s: float = 0.0) -> object:
     """One vLLM V1 target whose ``waiting`` comes from the queue-time histogram (``estimated``:
     the Little's-law fallback, no ``vllm:num_requests_waiting`` on the target) or the gauge."""
     names = {"vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:request_queue_time_seconds_sum",
              "vllm:request_queue_time_seconds_count", "vllm:request_queue_time_seconds_bucket"}
     if not estimated:
         names.add("vllm:num_requests_waiting")
-    return _diagnose_as(Target(TargetKey("vllm", "e"), "vllm-v1", "vllm", "m", names=frozenset(names)), sigs)
+    return _diagnose_as(Target(TargetKey("vllm", "e"), "vllm-v1", "vllm", "m", names=frozenset(names)), sigs,
+                        rate_window_s)
 
 
 def _episode_behind_an_estimated_queue() -> dict[Signal, np.ndarray]:
@@ -2059,4 +2061,32 @@ def test_a_tail_ratio_now_is_a_number_once_the_clamped_medians_have_left_the_new
     assert r.state is FailureMode.MISREAD, r.primary
     sigs[Signal.TTFT_P50][-1] = 10.0  # the newest median clamped: the ratio now is no number
     r = _with_vllm_ttft_buckets(sigs, le=le)
+    assert r.state is not FailureMode.MISREAD, r.primary
+
+
+def _settled_slice_after_a_queue(ago_s: float) -> dict[Signal, np.ndarray]:
+    """A slice of slow requests (p99 4.7 s, 24× p50, mean 0.47 s, queue p99 0.3 s) on a nearly
+    empty pool whose last queue reading was ``ago_s`` seconds ago."""
+    return base(kv_usage=const(0.07), running=const(3), gen_tps=const(80), request_rate=const(0.7),
+                waiting=np.where(GRID[-1] - GRID >= ago_s, 6.0, 0.0), queue_p99=const(0.3),
+                ttft_p50=const(0.197), ttft_p99=const(4.66), ttft_mean=const(0.47))
+
+
+def test_a_queue_estimate_ends_a_rate_window_after_the_queue_it_reads() -> None:
+    """Held-out corpus 77 78 (rnd-77-028, vLLM 0.8.2, no-waiting variant): without the queue
+    gauge, waiting is the Little's-law estimate from the queue-time histogram, which counts a
+    request's wait when it leaves the queue and keeps it for a whole 2-minute rate window. Its
+    last non-zero reading, 630 s ago, was a queue that had ended ~750 s ago, older than the 660 s
+    the newest 10-minute quantile reaches back, yet "nobody waited in its window" failed and the
+    pool read healthy. Behind an estimate, the queue ended its rate window before its last reading."""
+    r = _estimated_queue_target(_settled_slice_after_a_queue(630.0), estimated=True, rate_window_s=120.0)
+    assert r.state is FailureMode.MISREAD, r.primary
+
+
+def test_a_queue_gauge_read_within_the_latency_reach_still_holds_the_tail_back() -> None:
+    """The converse: a queue *gauge* that read a queue 630 s ago saw requests whose first token
+    the newest quantile may hold, and an estimate read 510 s ago (630 s with its lag) too."""
+    r = _estimated_queue_target(_settled_slice_after_a_queue(630.0), estimated=False, rate_window_s=120.0)
+    assert r.state is not FailureMode.MISREAD, r.primary
+    r = _estimated_queue_target(_settled_slice_after_a_queue(510.0), estimated=True, rate_window_s=120.0)
     assert r.state is not FailureMode.MISREAD, r.primary

@@ -101,6 +101,9 @@ FACTS: dict[str, str] = {
                           "uncounted) or a Little's-law estimate (a stuck request never reports its queue time)",
     "latency_reach_s": "how far back (s) the requests in the newest latency quantile may have waited: "
                        "the latency window + the sample's age (coarse sampling) + one step",
+    "queue_reach_s": "how long (s) the last queue reading must be past for the newest latency quantile to hold "
+                     "no queued request: latency_reach_s, less the rate window where waiting is a Little's-law "
+                     "estimate (it reads a wait when the request leaves the queue and holds it a rate window)",
     "period": "dominant period of KV usage over the window, seconds",
     "period_minutes": "dominant period of KV usage over the window, minutes",
     "kv_cycles": "fill/drain cycles of KV usage (>=0.8 then <=0.4) over the window",

@@ -46,6 +46,7 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         # no number where the queue reading cannot show a wedge: a rule comparing it is undecidable
         "queue_shows_stalls": 1.0 if waiting_shows_stalls(view.target) else None,
         "latency_reach_s": p.latency_reach_s,
+        "queue_reach_s": p.latency_reach_s - _estimate_lag_s(view),
         "period": period,
         "period_minutes": None if period is None else period / 60,
         "kv_cycles": None if cycles is None else float(cycles),
@@ -55,3 +56,11 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "kv_usage_vs_group": None,
         **group,
     }
+
+
+def _estimate_lag_s(view: TargetView) -> float:
+    """How long a Little's-law queue estimate outlasts the queue it reads (s): its rate window,
+    since a request's wait is counted when it leaves the queue; 0 behind a queue gauge."""
+    if not waiting_is_estimate(view.target):
+        return 0.0
+    return view.data.target_rate_window_s.get(view.key, view.data.rate_window_s)
