@@ -28,6 +28,8 @@ END = 1_800_000_000.0  # any minute: the dynamics depend on the seed only
     0,  # its healthy-busy pool (KV 59-100 %, one queue build-up) once read as oscillating (issue 11 item 3)
     3,  # its misread-tail scenario used to read healthy (too few long prompts to own the p99)
     7,
+    34,  # its oscillating scenario drew a 200 s square wave at 1.26x capacity: the pool absorbed
+         # every burst (no queue, no preemption: healthy by mechanism) and kvwatch rightly said so
 ])
 def test_every_demo_scenario_shows_its_mode_whatever_the_seed(seed: int) -> None:
     settings = load_settings(None, environ={})

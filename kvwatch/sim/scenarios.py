@@ -228,7 +228,7 @@ def oscillating(ctx: BuildContext) -> tuple[Replica, ...]:
     cfg, wl = _steady(ctx, 1.0)
     cap = wl.rate(0)
     period = rng.uniform(180, 480)
-    shape = Periodic(low=0.03 * cap, high=rng.uniform(1.2, 1.6) * cap, period_s=period,
+    shape = Periodic(low=0.03 * cap, high=rng.uniform(1.5, 2.0) * cap, period_s=period,
                      duty=rng.uniform(0.3, 0.45), phase_s=rng.uniform(0, period))
     return _one(cfg, replace(wl, rate=shape), Mode.OSCILLATING)
 
