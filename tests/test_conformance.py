@@ -169,10 +169,10 @@ def test_real_and_hand_written_expositions_give_the_same_state(world) -> None:
     assert not wrong, "\n".join(rows)
 
 
-def _signal_value(world, inst: str, signal: Signal) -> float:
+def _signal_value(world, inst: str, signal: Signal, rate_window: str = "2m") -> float:
     target = world["results"][inst].target
     src = resolve(target)[signal]
-    q = src.promql(f'instance="{inst}"', "2m")
+    q = src.promql(f'instance="{inst}"', rate_window)
     rows = world["client"].instant(q, world["at"])
     assert len(rows) == 1, (inst, signal, q, rows)
     return float(rows[0]["value"][1])
@@ -185,9 +185,28 @@ def test_sglang_all_tp_ranks_read_like_one_rank(world) -> None:
     assert tp, "no SGLang tp2 fixture"
     for inst in tp:
         one = inst.replace("-tp2-", "-")
-        for signal in (Signal.RUNNING, Signal.WAITING):
+        for signal in (Signal.RUNNING, Signal.WAITING, Signal.GEN_TPS):
             many, single = _signal_value(world, inst, signal), _signal_value(world, one, signal)
             assert many == single, f"{inst} {signal.value}: {many} with 2 ranks, {single} with 1"
+
+
+def test_sglang_05_tokens_are_read_as_its_scheduler_decodes_them(world) -> None:
+    """SGLang 0.5.23 counts decoded tokens at every scheduler iteration
+    (``realtime_tokens_total{mode="decode"}``) as well as per finished request
+    (``generation_tokens_total``): kvwatch reads the live count, so a zero rate means nothing
+    was decoded (tokens_at_finish 0) and equals the tokens the simulator generated."""
+    checked = 0
+    for inst, (head, _) in world["series"].items():
+        if head["engine"] != "sglang" or not head["version"].startswith("0.5."):
+            continue
+        src = resolve(world["results"][inst].target)[Signal.GEN_TPS]
+        assert src.metric == "sglang:realtime_tokens_total" and not src.counted_at_finish, (inst, src.metric)
+        # over 10 minutes: the twin's scrapes need not align with the fixture's within a 2 m window
+        real = _signal_value(world, inst, Signal.GEN_TPS, "10m")
+        twin = _signal_value(world, world["pairs"][inst], Signal.GEN_TPS, "10m")
+        assert real == pytest.approx(twin, rel=0.02), (inst, real, twin)
+        checked += 1
+    assert checked, "no SGLang 0.5 fixture"
 
 
 def test_fixtures_are_newer_than_the_dialect_table_that_reads_them() -> None:

@@ -1990,12 +1990,14 @@ def test_a_newest_quantile_in_the_slo_bucket_does_not_make_a_tail() -> None:
     assert r.state is not FailureMode.MISREAD, r.primary
 
 
-def _sglang(sigs: dict[Signal, np.ndarray]) -> object:
-    """One SGLang target exporting its usual counters (generation_tokens_total among them)."""
-    names = frozenset({"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
-                       "sglang:generation_tokens_total", "sglang:prompt_tokens_total",
-                       "sglang:num_requests_total"})
-    return _diagnose_as(Target(TargetKey("sglang", "t"), "sglang", "sglang", "m", names=names), sigs)
+def _sglang(sigs: dict[Signal, np.ndarray], realtime: bool = False) -> object:
+    """One SGLang target exporting its usual counters (generation_tokens_total among them;
+    ``realtime``: also the scheduler's per-iteration realtime_tokens_total)."""
+    names = {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+             "sglang:generation_tokens_total", "sglang:prompt_tokens_total", "sglang:num_requests_total"}
+    if realtime:
+        names.add("sglang:realtime_tokens_total")
+    return _diagnose_as(Target(TargetKey("sglang", "t"), "sglang", "sglang", "m", names=frozenset(names)), sigs)
 
 
 def test_tokens_counted_when_requests_finish_need_two_minutes_of_nothing_for_a_stall() -> None:
@@ -2090,3 +2092,15 @@ def test_a_queue_gauge_read_within_the_latency_reach_still_holds_the_tail_back()
     assert r.state is not FailureMode.MISREAD, r.primary
     r = _estimated_queue_target(_settled_slice_after_a_queue(510.0), estimated=True, rate_window_s=120.0)
     assert r.state is not FailureMode.MISREAD, r.primary
+
+
+def test_an_sglang_that_counts_decode_tokens_every_iteration_is_paged_after_one_minute() -> None:
+    """SGLang's scheduler also counts decoded tokens at every decode iteration
+    (``sglang:realtime_tokens_total{mode="decode"}``: MetricsReporter.report_decode_stats calls
+    increment_realtime_tokens, 0.5.23): where it is exported, a zero token rate is "nothing
+    decoded", not "nothing finished", and a wedge needs the one minute other engines need
+    (detection with 60 s scrapes: 5.5 min on SGLang, over the 5-minute goal)."""
+    r = _sglang(_wedged_for(60.0, tokens=True), realtime=True)
+    assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "stalled"), r.primary
+    r = _sglang(_wedged_for(20.0, tokens=True), realtime=True)  # a single zero may be one slow step
+    assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "stalled"), r.primary

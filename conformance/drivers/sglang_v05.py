@@ -6,7 +6,8 @@ Per timeline a process publishes the tokenizer's runtime context and builds the
 ``TokenizerMetricsCollector``; one forked process per tensor-parallel rank publishes the
 scheduler context for its rank and builds its ``SchedulerMetricsCollector`` through
 ``init_new`` (as the scheduler does), emits the start-up constants and calls
-``log_stats`` / ``increment_retracted_reqs`` / ``observe_queue_time`` per scrape interval.
+``log_stats`` / ``increment_retracted_reqs`` / ``observe_queue_time`` /
+``increment_realtime_tokens`` per scrape interval.
 Each scrape is what ``/metrics`` returns: ``MultiProcessCollector`` over the shared
 directory, rendered by ``generate_latest``.
 
@@ -94,6 +95,12 @@ def rank_worker(sa, rank: int, doc: dict, conn) -> None:
                 num_used_tokens=used, kv_used_tokens=used,
                 kv_available_tokens=max(total - used, 0),
                 num_retracted_reqs=int(d["preemptions"])))
+            if hasattr(col, "increment_realtime_tokens"):
+                # the scheduler counts tokens at every prefill and decode iteration
+                # (MetricsReporter.report_prefill_stats / report_decode_stats); summed per interval
+                col.increment_realtime_tokens(
+                    dp_cooperation_info=None, prefill_compute_tokens=max(int(d["prompt_tokens"] - h), 0),
+                    prefill_cache_tokens=int(h), decode_tokens=int(d["generation_tokens"]))
         conn.send(i)
     conn.close()
 

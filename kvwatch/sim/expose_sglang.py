@@ -66,6 +66,13 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
               c["preemptions"])
     f.histogram(f"{p}queue_time_seconds", "Histogram of queueing time in seconds.", sched, view,
                 "queue", B.SGLANG_QUEUE)
+    # the scheduler's own token count, live at every iteration (MetricsReporter →
+    # increment_realtime_tokens), unlike the tokenizer's counts at request finish above
+    prompt, hits = np.asarray(c["prompt_tokens"], float), np.asarray(c["prefix_hits"], float)
+    for mode, total in (("prefill_compute", np.maximum.accumulate(np.maximum(prompt - hits, 0.0))),
+                        ("prefill_cache", hits), ("decode", c["generation_tokens"])):
+        f.counter(f"{p}realtime_tokens_total", "Total number of tokens processed (updated on each log "
+                  "interval). mode: prefill_compute, prefill_cache, decode.", (*sched, ("mode", mode)), total)
     f.counter(f"{p}cached_tokens_total", "Number of cached prompt tokens.", tok, c["prefix_hits"])
     finished = (np.asarray(c["success_stop"]) + np.asarray(c["success_length"])
                 + np.asarray(c["aborted"]))
