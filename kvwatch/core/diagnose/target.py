@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence, Set
 
+import numpy as np
+
 from kvwatch.core.diagnose.conditions import RuleEval
 from kvwatch.core.diagnose.context import TemplateContext
 from kvwatch.core.diagnose.facts import facts_for
@@ -76,6 +78,26 @@ def _unknown(view: TargetView, reason: str, severity: Severity = Severity.WARNIN
             "Check the discovery selector and that the engine version's metric names are supported (kvwatch check).",
         ),
     )
+
+
+def _gap_as_before(view: TargetView, span_s: float) -> bool:
+    """Whether the queue's current empty stretch is no longer than a gap it already made and
+    refilled within the last ``span_s`` seconds (an intermittent queue, e.g. a reservation
+    releasing blocks now and then): then it is one more gap, not a recovery."""
+    st = view.stats("waiting", span_s)
+    if st is None or not len(st.v):
+        return False
+    empty = np.asarray(st.v < 0.5)
+    queued = np.flatnonzero(~empty)
+    if not len(queued):
+        return False
+    trailing = len(empty) - 1 - int(queued[-1])
+    inner = empty[int(queued[0]):int(queued[-1]) + 1]  # gaps between queued samples
+    longest, run = 0, 0
+    for e in inner.tolist():
+        run = run + 1 if e else 0
+        longest = max(longest, run)
+    return 0 < trailing <= longest
 
 
 def _undecided(view: TargetView, decision: StateDecision, structural: bool) -> Diagnosis:
@@ -250,9 +272,11 @@ def diagnose_target(
     # scrape interval is unknown, so a 1 s scrape does not wait a minute and a 60 s one gets two
     interval = view.data.scrape_interval_s
     cleared_span = min(max(2 * p.step_s, 2 * interval if interval else QUEUE_CLEARED_S), queue_span)
-    if queue_frac is not None and (view.stat("waiting", cleared_span, "max") or 0.0) < 0.5:
+    if (queue_frac is not None and (view.stat("waiting", cleared_span, "max") or 0.0) < 0.5
+            and not _gap_as_before(view, queue_span)):
         # nobody waited for two scrapes: the queue ended with a recovered episode, it is not
-        # persistent (a single empty sample is not enough: the 60 s scrape that caught a drain)
+        # persistent (a single empty sample is not enough: the 60 s scrape that caught a drain;
+        # nor is a gap the queue already made and refilled within the span)
         queue_frac = 0.0
     decision = decide(modes, queue_frac)
     if not_exported is not None and decision.state in (FailureMode.UNKNOWN, FailureMode.HEALTHY):
