@@ -68,8 +68,10 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
                 "queue", B.SGLANG_QUEUE)
     # the scheduler's own token count, live at every iteration (MetricsReporter →
     # increment_realtime_tokens), unlike the tokenizer's counts at request finish above
+    # (a live server renders one instant: scalars; a hit never exceeds its prompt, so the
+    # difference of the two running totals only grows)
     prompt, hits = np.asarray(c["prompt_tokens"], float), np.asarray(c["prefix_hits"], float)
-    for mode, total in (("prefill_compute", np.maximum.accumulate(np.maximum(prompt - hits, 0.0))),
+    for mode, total in (("prefill_compute", np.maximum(prompt - hits, 0.0)),
                         ("prefill_cache", hits), ("decode", c["generation_tokens"])):
         f.counter(f"{p}realtime_tokens_total", "Total number of tokens processed (updated on each log "
                   "interval). mode: prefill_compute, prefill_cache, decode.", (*sched, ("mode", mode)), total)
