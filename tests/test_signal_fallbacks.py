@@ -42,7 +42,8 @@ CASES: dict[str, tuple[str, str, tuple[str, ...], tuple[Signal, ...]]] = {
         ("vllm:generation_tokens", "vllm:prompt_tokens", "vllm:request_success"),
         (Signal.GEN_TPS, Signal.PROMPT_TPS, Signal.REQUEST_RATE),
     ),
-    "sglang-0.5": ("healthy-busy", "sglang-0.5", ("sglang:generation_tokens", "sglang:num_requests"),
+    "sglang-0.5": ("healthy-busy", "sglang-0.5",
+                   ("sglang:realtime_tokens", "sglang:generation_tokens", "sglang:num_requests"),
                    (Signal.GEN_TPS, Signal.REQUEST_RATE)),
     "trtllm-triton": (
         "healthy-busy", "trtllm-triton",

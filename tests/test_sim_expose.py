@@ -28,7 +28,7 @@ SGLANG_05 = {"token_usage", "num_used_tokens", "max_total_num_tokens", "num_runn
              "generation_tokens_total", "cached_tokens_total", "num_requests_total",
              "num_aborted_requests_total", "time_to_first_token_seconds",
              "inter_token_latency_seconds", "e2e_request_latency_seconds", "queue_time_seconds",
-             "gen_throughput", "cache_hit_rate"}
+             "gen_throughput", "cache_hit_rate", "realtime_tokens_total"}
 SERVE_LATENCY = {"request_success_total", "e2e_request_latency_seconds",
                  "time_to_first_token_seconds", "time_per_output_token_seconds",
                  "request_queue_time_seconds"}

@@ -74,7 +74,7 @@ def sglang_sources(p: str) -> dict[Signal, tuple[Source, ...]]:
                 # counted at every decode iteration by the scheduler (MetricsReporter.
                 # report_decode_stats → increment_realtime_tokens); created at the first decode
                 Source(C, f"{p}realtime_tokens_total", 'mode="decode"', agg="sum", dedup_by=dp,
-                       note="decoded tokens, counted every scheduler iteration (0.5.x)"),
+                       note="decoded tokens, counted every scheduler iteration (>= 0.5.10)"),
                 Source(C, f"{p}generation_tokens_total", agg="sum", counted_at_finish=True,
                        note="added when a request finishes (TokenizerMetricsCollector.observe_one_finished_request)"),
                 Source(G, f"{p}gen_throughput", pr, agg="sum", dedup_by=dp,
