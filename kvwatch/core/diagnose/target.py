@@ -87,16 +87,11 @@ def _gap_as_before(view: TargetView, span_s: float) -> bool:
     st = view.stats("waiting", span_s)
     if st is None or not len(st.v):
         return False
-    empty = np.asarray(st.v < 0.5)
-    queued = np.flatnonzero(~empty)
+    queued = np.flatnonzero(st.v >= 0.5)  # finite samples only: a scrape gap is neither queue nor drain
     if not len(queued):
         return False
-    trailing = len(empty) - 1 - int(queued[-1])
-    inner = empty[int(queued[0]):int(queued[-1]) + 1]  # gaps between queued samples
-    longest, run = 0, 0
-    for e in inner.tolist():
-        run = run + 1 if e else 0
-        longest = max(longest, run)
+    trailing = len(st.v) - 1 - int(queued[-1])
+    longest = int(np.diff(queued).max()) - 1 if len(queued) > 1 else 0  # empty samples between two queued ones
     return 0 < trailing <= longest
 
 
