@@ -2120,3 +2120,51 @@ def test_an_sglang_that_counts_decode_tokens_every_iteration_is_paged_after_one_
     assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "stalled"), r.primary
     r = _sglang(_wedged_for(20.0, tokens=True), realtime=True)  # a single zero may be one slow step
     assert not (r.state is FailureMode.IDLE and r.primary and r.primary.cause == "stalled"), r.primary
+
+
+_TGI_NAMES = frozenset({"tgi_queue_size", "tgi_batch_current_size", "tgi_batch_current_max_tokens",
+                        "tgi_batch_max_total_tokens", "tgi_request_generated_tokens_sum",
+                        "tgi_request_input_length_sum", "tgi_request_count", "tgi_request_success"})
+_TRITON_NAMES = frozenset({"nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_request_metrics",
+                           "nv_inference_pending_request_count", "nv_trt_llm_inflight_batcher_metrics",
+                           "nv_llm_output_token_len_sum", "nv_llm_input_token_len_sum",
+                           "nv_inference_request_success"})
+
+
+def _wedged_counting_steps(engine: str, last_s: float, *, stepping_on: bool = False,
+                           steps: bool = True) -> object:
+    """``_wedged_for`` on an engine that counts tokens only as requests finish, with its forward
+    steps counter (``steps``) reading none since the wedge, or still stepping (``stepping_on``:
+    decoding, nothing finished yet)."""
+    sigs = _wedged_for(last_s, tokens=True)
+    if steps:
+        sigs[Signal.STEP_RATE] = np.where((sigs[Signal.GEN_TPS] > 0) | stepping_on, 30.0, 0.0)
+    if engine == "tgi":
+        names = _TGI_NAMES | ({"tgi_batch_inference_count"} if steps else set())
+        t = Target(TargetKey("tgi", "t"), "tgi", "tgi", "m", names=names)
+    else:
+        names = _TRITON_NAMES | ({"nv_trt_llm_general_metrics"} if steps else set())
+        t = Target(TargetKey("triton", "t"), "trtllm-triton", "trtllm", "ensemble", names=names)
+    return _diagnose_as(t, sigs)
+
+
+def _stalled(r: object) -> bool:
+    return bool(r.state is FailureMode.IDLE and r.primary and r.primary.cause == "stalled")
+
+
+@pytest.mark.parametrize("engine", ["tgi", "triton"])
+def test_an_engine_that_counts_its_forward_steps_is_paged_after_one_minute_of_none(engine: str) -> None:
+    """Fresh detection seeds 87 88 89, 60 s scrapes: TGI and Triton count a request's tokens
+    when it finishes (``tgi_request_generated_tokens``, ``nv_llm_output_token_len``), so their
+    wedges kept the 2-minute hold and paged after 5.5 min, past the 5-minute goal. Both count
+    forward passes as they run (TGI's ``tgi_batch_inference_count{method="decode"}``, Triton's
+    ``nv_trt_llm_general_metrics{general_type="iteration_counter"}``): a rate window without a
+    step while requests wait is a wedge after the one minute per-step token counters get."""
+    assert _stalled(_wedged_counting_steps(engine, 60.0))
+    assert not _stalled(_wedged_counting_steps(engine, 20.0))  # one zero may be one slow step
+    # decoding on, nothing finished for a minute: long generations, not a wedge
+    assert not _stalled(_wedged_counting_steps(engine, 60.0, stepping_on=True))
+    # without the step counter the finished-tokens reading keeps its two minutes
+    assert not _stalled(_wedged_counting_steps(engine, 60.0, steps=False))
+    assert _stalled(_wedged_counting_steps(engine, 120.0, steps=False))
+

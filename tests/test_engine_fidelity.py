@@ -280,6 +280,12 @@ def test_trtllm_paused_gauges_become_events_per_second(env: Env) -> None:
     assert _now(env, "serve", Signal.PREEMPTIONS) == pytest.approx(60.0, rel=1e-3)
 
 
+def test_triton_forward_steps_are_the_executor_iteration_counter_rate(env: Env) -> None:
+    """The iteration counter is a gauge that only grows (40 iterations/s here): its rate is the
+    executor's step rate, which stands still under a wedge while tokens are counted at finish."""
+    assert _now(env, "triton", Signal.STEP_RATE) == pytest.approx(40.0, rel=1e-3)
+
+
 def test_no_preemption_source_is_a_level() -> None:
     for d in DIALECTS:
         for src in d.sources.get(Signal.PREEMPTIONS, ()):

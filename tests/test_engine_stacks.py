@@ -199,3 +199,11 @@ def test_tgi_request_rate_counts_finished_requests_not_arrivals(env: Env) -> Non
     second, or a wedged TGI that keeps receiving requests looks like it serves them."""
     per_s = 5100 * 0.01 / 15  # the fixture's tgi_request_success grows 1 % per 15 s scrape
     assert _now(env, "tgi", Signal.REQUEST_RATE) == pytest.approx(per_s, rel=1e-6)
+
+
+def test_tgi_forward_steps_are_its_decode_passes_not_its_prefills(env: Env) -> None:
+    """TGI's router counts each forward pass as it starts it (``tgi_batch_inference_count``, by
+    method): the decode passes are the step rate a wedge stops; prefills (one per admitted batch)
+    are not steps of the running batch."""
+    per_s = 90000 * 0.01 / 15  # the fixture's decode passes grow 1 % per 15 s scrape
+    assert _now(env, "tgi", Signal.STEP_RATE) == pytest.approx(per_s, rel=1e-6)

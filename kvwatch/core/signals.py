@@ -31,6 +31,7 @@ class Signal(StrEnum):
     ABORT_RATE = "abort_rate"
     KV_CAPACITY_TOKENS = "kv_capacity_tokens"
     MAX_RUNNING = "max_running"
+    STEP_RATE = "step_rate"
 
     def __str__(self) -> str:
         return self.value
@@ -69,6 +70,10 @@ SIGNAL_INFO: dict[Signal, SignalInfo] = {
     Signal.ABORT_RATE: SignalInfo("requests/s", "aborted or failed requests per second"),
     Signal.KV_CAPACITY_TOKENS: SignalInfo("tokens", "KV pool size the engine reports", static=True),
     Signal.MAX_RUNNING: SignalInfo("requests", "configured max concurrent requests", static=True),
+    Signal.STEP_RATE: SignalInfo(
+        "1/s", "forward passes (scheduler iterations) per second, counted as they run; read where the "
+               "tokens are counted only as requests finish (TGI, Triton), to tell a wedge from long requests",
+    ),
 }
 
 #: Signals without which no state can be decided: their absence makes a target ``unknown``.

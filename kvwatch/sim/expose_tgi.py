@@ -36,6 +36,11 @@ def render(views: Sequence[EngineView], model_name: str) -> list[Family]:
     f.counter("tgi_request_count", "Total number of requests", lb, c["arrived"])
     f.counter("tgi_request_success", "Number of successful requests", lb, ok)
     f.counter("tgi_request_failure", "Number of failed requests", (("err", "cancelled"),), c["aborted"])
+    # forward passes as the router starts them: one decode pass per engine iteration, and (an
+    # upper bound: TGI batches the requests it admits together) one prefill pass per request
+    f.counter("tgi_batch_inference_count", "Inference calls per method", (("method", "prefill"),), c["arrived"])
+    f.counter("tgi_batch_inference_count", "Inference calls per method", (("method", "decode"),),
+              np.floor(np.asarray(c["iterations"], dtype=float)))
     f.histogram("tgi_request_queue_duration", "Time spent in the queue per request", lb, view, "queue",
                 B.TGI_DURATION)
     f.histogram("tgi_request_mean_time_per_token_duration", "Mean time per token per request", lb, view,

@@ -48,6 +48,14 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
                        note="failures by err (validation, overloaded, ...)")
                 for c in ("", "_total")
             ),
+            # the router counts each forward pass as it starts it (backends/v3/src/backend.rs,
+            # router/src/infer: method "prefill" or "decode", "next_token" in older docs); created at
+            # the first pass, so a router that received requests and ran none reads 0, not blind
+            Signal.STEP_RATE: tuple(
+                Source(C, f"tgi_batch_inference_count{c}", 'method!="prefill"', agg="sum",
+                       lazy_anchor=f"tgi_request_count{c}", note="decode forward passes per second")
+                for c in ("", "_total")
+            ),
             Signal.KV_CAPACITY_TOKENS: Source(G, "tgi_batch_max_total_tokens",
                                               note="batch token budget set at warm-up from free memory"),
         },

@@ -110,6 +110,9 @@ TRITON_SOURCES = merge_sources(
             ),
         ),
         Signal.MAX_RUNNING: Source(G, _TR, 'request_type="max"'),
+        # the executor's iteration counter (a gauge that only grows: rate reads it, a restart
+        # is a reset); it stands still while the executor runs no iteration
+        Signal.STEP_RATE: Source(C, _GEN, _ITER, agg="sum", note="executor iterations per second"),
     },
     ttft_sources("nv_inference_first_response_histogram_ms", scale=0.001, triton_core=True,
              bucket_range=(0.1, 5.0), note=_TRITON_TTFT_NOTE),
