@@ -2168,3 +2168,22 @@ def test_an_engine_that_counts_its_forward_steps_is_paged_after_one_minute_of_no
     assert not _stalled(_wedged_counting_steps(engine, 60.0, steps=False))
     assert _stalled(_wedged_counting_steps(engine, 120.0, steps=False))
 
+
+def _thin_tail(request_rate: float) -> dict[Signal, np.ndarray]:
+    """A nearly empty pool, nobody queued, whose 10-minute TTFT p99 (3.8 s) is ten times its p50
+    (0.37 s) with a fine mean (0.85 s), at ``request_rate`` finished requests/s."""
+    return base(kv_usage=const(0.02), running=const(1), waiting=const(0.0), request_rate=const(request_rate),
+                gen_tps=const(3.0), ttft_p50=const(0.37), ttft_p99=const(3.8), ttft_mean=const(0.85),
+                queue_p99=const(0.0))
+
+
+def test_a_p99_of_a_dozen_requests_is_their_slowest_one_not_a_slice() -> None:
+    """Held-out corpus 83 84 (rnd-83-076, SGLang 0.5, traffic ramped down to 0.017 requests/s): the
+    10-minute quantiles summarised ten requests, the p99 was the slowest of them (3.8 s) and the
+    pool read misread (a slice of requests breaks the SLO) where the mechanism is low demand:
+    which request falls in the window decides such a "tail". 20 requests at least; a slice at
+    0.07 requests/s (42 in the window, rnd-44-068) stays misread."""
+    r = _with_vllm_ttft_buckets(_thin_tail(10 / 600))
+    assert r.state is not FailureMode.MISREAD, r.primary
+    r = _with_vllm_ttft_buckets(_thin_tail(42 / 600))
+    assert r.state is FailureMode.MISREAD, r.primary

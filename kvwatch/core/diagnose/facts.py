@@ -46,6 +46,7 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         # no number where the queue reading cannot show a wedge: a rule comparing it is undecidable
         "queue_shows_stalls": 1.0 if waiting_shows_stalls(view.target) else None,
         "latency_reach_s": p.latency_reach_s,
+        "latency_requests": _latency_requests(view),
         "queue_reach_s": p.latency_reach_s - _estimate_lag_s(view),
         "period": period,
         "period_minutes": None if period is None else period / 60,
@@ -64,3 +65,13 @@ def _estimate_lag_s(view: TargetView) -> float:
     if not waiting_is_estimate(view.target):
         return 0.0
     return view.data.target_rate_window_s.get(view.key, view.data.rate_window_s)
+
+
+def _latency_requests(view: TargetView) -> float | None:
+    """Requests the newest latency quantile summarises: the finished-request rate over the latency
+    window times that window. None without a request counter, or where it reads none (a lazily
+    created counter that is absent reads 0, yet the quantile summarises requests). A p99 of a
+    dozen requests is their slowest one, not a tail."""
+    lw = view.p.latency_window_s
+    rate = view.stat("request_rate", lw, "mean")
+    return None if rate is None or rate <= 0 else rate * lw
