@@ -2187,3 +2187,15 @@ def test_a_p99_of_a_dozen_requests_is_their_slowest_one_not_a_slice() -> None:
     assert r.state is not FailureMode.MISREAD, r.primary
     r = _with_vllm_ttft_buckets(_thin_tail(42 / 600))
     assert r.state is FailureMode.MISREAD, r.primary
+
+
+def test_a_reservation_stall_wandering_around_one_level_is_fragmented_not_unknown() -> None:
+    """Held-out corpus 63 64 (rnd-64-041, LMDeploy, no cap exported): 17,000 requests wait while
+    KV sits at 42 % and running wanders 28-31 around one level (the reservations of the requests
+    admitted). Its last samples within one unit read as a cap cut inside the span, which excluded
+    the admission stall, and batch-limited saw no constant ceiling: the pool read unknown."""
+    walk = np.array([30, 29, 31, 30, 28, 30, 29, 31, 28, 30], dtype=float)
+    running = np.concatenate([np.resize(walk, N - 11), [30, 29, 30, 30, 29, 30, 29, 30, 30, 29, 30]])
+    r = diagnose_one(base(kv_usage=0.42 + 0.02 * np.sin(np.arange(N)), running=running,
+                          waiting=const(17_000), request_rate=const(26.0), gen_tps=const(1200.0)))
+    assert r.state is FailureMode.FRAGMENTED, (r.state, r.primary)

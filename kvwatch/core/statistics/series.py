@@ -139,7 +139,10 @@ class SeriesStats:
         ceiling: the longest suffix whose samples all lie within ``tol`` (relative, but at
         least 1 unit, as :meth:`frac_near_max`) of that suffix's maximum. A cap changed inside
         the span (max_num_seqs cut) starts a new ceiling, which ``frac_near_max`` over the
-        whole span misses; 0.0 when the last value is ≤ 0 (nothing running is no ceiling)."""
+        whole span misses; 0.0 when the last value is ≤ 0 (nothing running is no ceiling), and
+        when the samples before the suffix sat at its level too (their median within twice the
+        band of the suffix's): a series wandering around one level changed no ceiling, and
+        ``frac_near_max`` says whether that level is one."""
         n = len(self.v)
         if not n:
             return None
@@ -153,6 +156,10 @@ class SeriesStats:
             if hi - lo > max(hi * tol, 1.0):
                 break
             k += 1
+        if k < n:
+            before, tail = np.median(self.v[: n - k]), np.median(self.v[n - k:])
+            if abs(float(before) - float(tail)) <= 2 * max(hi * tol, 1.0):
+                return 0.0
         return k / n
 
     @_memo
