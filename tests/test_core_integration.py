@@ -47,30 +47,32 @@ ALL_SIGNALS = {s.value for s in Signal}
 
 #: per exposition: canonical signals that must be collected (sourced and with samples)
 EXPECTED_PRESENT: dict[str, set[str]] = {
-    "vllm-0.33": ALL_SIGNALS - {"max_running", "tpot_p99"},
-    "vllm-0.10": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99"},
-    "vllm-0.8.2": ALL_SIGNALS - {"max_running", "waiting_capacity", "kv_capacity_tokens", "tpot_p99"},
-    "vllm-v0-0.6": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99"},
-    "sglang-0.5": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99"},
-    "sglang-ray": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99"},
+    # step_rate (forward passes counted as they run) is read only from TGI and Triton, whose
+    # tokens are counted at request finish
+    "vllm-0.33": ALL_SIGNALS - {"max_running", "tpot_p99", "step_rate"},
+    "vllm-0.10": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate"},
+    "vllm-0.8.2": ALL_SIGNALS - {"max_running", "waiting_capacity", "kv_capacity_tokens", "tpot_p99", "step_rate"},
+    "vllm-v0-0.6": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate"},
+    "sglang-0.5": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate"},
+    "sglang-ray": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate"},
     "trtllm-triton": {
         "kv_usage", "running", "waiting", "preemptions", "queue_mean", "gen_tps", "prompt_tps",
-        "request_rate", "abort_rate", "kv_capacity_tokens", "max_running",
+        "request_rate", "abort_rate", "kv_capacity_tokens", "max_running", "step_rate",
     },
     # trtllm-serve's time_per_output_token is per-request TPOT, not inter-token latency
-    "trtllm-serve": ALL_SIGNALS - {"waiting_capacity", "itl_p99"},
+    "trtllm-serve": ALL_SIGNALS - {"waiting_capacity", "itl_p99", "step_rate"},
     "trtllm-serve-genA": {"ttft_p50", "ttft_p99", "ttft_mean", "queue_p99", "queue_mean", "tpot_p99", "request_rate"},
 }
 #: per exposition: signals that must be reported missing (the dialect does not export them)
 EXPECTED_MISSING: dict[str, set[str]] = {
     "vllm-0.33": {"max_running", "tpot_p99"},  # the fixture omits request_time_per_output_token
-    "vllm-0.10": {"max_running", "waiting_capacity", "tpot_p99"},
+    "vllm-0.10": {"max_running", "waiting_capacity", "tpot_p99", "step_rate"},
     "vllm-0.8.2": {"kv_capacity_tokens", "waiting_capacity", "tpot_p99"},  # num_gpu_blocks="None" (vllm#16560)
     "vllm-v0-0.6": {"waiting_capacity", "tpot_p99"},
     "sglang-0.5": {"waiting_capacity", "max_running", "tpot_p99"},
     "sglang-ray": {"waiting_capacity", "max_running", "tpot_p99"},
     "trtllm-triton": {"ttft_p50", "ttft_p99", "ttft_mean", "itl_p99", "tpot_p99", "queue_p99", "waiting_capacity"},
-    "trtllm-serve": {"waiting_capacity", "itl_p99"},
+    "trtllm-serve": {"waiting_capacity", "itl_p99", "step_rate"},
     "trtllm-serve-genA": {"kv_usage", "running", "waiting", "preemptions", "gen_tps", "kv_capacity_tokens", "itl_p99"},
 }
 
