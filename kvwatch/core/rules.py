@@ -100,7 +100,7 @@ FACTS: dict[str, str] = {
                           "reading it is undecidable) where it cannot: an executor queue alone (admitted requests "
                           "uncounted) or a Little's-law estimate (a stuck request never reports its queue time)",
     "latency_requests": "requests the newest latency quantile summarises: finished requests/s over the latency "
-                        "window x that window (a p99 of a few dozen requests is their slowest one or two)",
+                        "window x that window (a p99 of a dozen requests is their slowest one)",
     "latency_reach_s": "how far back (s) the requests in the newest latency quantile may have waited: "
                        "the latency window + the sample's age (coarse sampling) + one step",
     "queue_reach_s": "how long (s) the last queue reading must be past for the newest latency quantile to hold "
