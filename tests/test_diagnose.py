@@ -2199,3 +2199,27 @@ def test_a_reservation_stall_wandering_around_one_level_is_fragmented_not_unknow
     r = diagnose_one(base(kv_usage=0.42 + 0.02 * np.sin(np.arange(N)), running=running,
                           waiting=const(17_000), request_rate=const(26.0), gen_tps=const(1200.0)))
     assert r.state is FailureMode.FRAGMENTED, (r.state, r.primary)
+
+
+def _slow_scraped_oscillation() -> dict[Signal, np.ndarray]:
+    """Detection 87 88 89 (ph-oscillating-8901, Triton, 60 s scrapes): KV at 0.2-0.3, then a 224 s
+    period: pinned at 1.0 with 289-348 queued, a trough the scrapes caught at 0.58 and 0.5 with
+    nobody waiting, pinned again with 417-216 queued (the 30 s grid holds each scrape twice)."""
+    rng = np.random.default_rng(3)
+    kv = 0.2 + 0.1 * rng.random(N)
+    waiting = const(0.0)
+    scrapes = [(1.0, 289.0), (1.0, 348.0), (0.58, 0.0), (0.5, 0.0), (1.0, 417.0), (1.0, 216.0)]
+    for i, (k, w) in enumerate(scrapes):
+        at = N - 12 + 2 * i
+        kv[at:at + 2], waiting[at:at + 2] = k, w
+    running = np.where(kv >= 0.9, 440.0, np.where(kv >= 0.45, 300.0, 100.0))
+    return base(kv_usage=kv, waiting=waiting, running=running, request_rate=const(8.0))
+
+
+def test_a_queue_that_fills_and_drains_twice_at_a_kv_period_is_oscillating_when_scrapes_miss_the_trough() -> None:
+    """Detection on fresh seeds 87 88 89 with 60 s scrapes named a 224 s oscillation only after 2.1
+    periods (the goal: 2): the scrapes caught its first trough at 0.5 of the pool, so KV had not
+    'drained' yet, while the queue had filled, emptied and filled again. One KV swing with two
+    queue episodes at a KV period is the repeat."""
+    r = diagnose_one(_slow_scraped_oscillation())
+    assert r.state is FailureMode.OSCILLATING, (r.state, r.primary)
