@@ -2223,3 +2223,34 @@ def test_a_queue_that_fills_and_drains_twice_at_a_kv_period_is_oscillating_when_
     queue episodes at a KV period is the repeat."""
     r = diagnose_one(_slow_scraped_oscillation())
     assert r.state is FailureMode.OSCILLATING, (r.state, r.primary)
+
+
+
+def test_a_preemption_rate_that_lags_a_drained_pool_is_not_pressure_now() -> None:
+    """Detection 84 85 86 (60 s scrapes): a pool pinned with a queue for 9 minutes whose queue
+    drained 2.5 minutes ago and whose KV fell to 72 % still read full-kv-pressure "now" on its
+    preemption rate, which averages the last pauses over a 4-minute rate window. Preemptions
+    happen when the pool is out of blocks: they are current only while the pool is near full."""
+    t = np.arange(N)
+    pinned = (t >= N - 24) & (t < N - 1)
+    sigs = base(kv_usage=np.where(pinned, 1.0, np.where(t == N - 1, 0.72, 0.4)),
+                waiting=np.where(pinned, np.maximum(550.0 - 28.0 * (t - (N - 24)), 0.0), 0.0),
+                running=np.where(pinned, 190.0, 80.0), preemptions=np.where(t >= N - 8, 0.8, 0.0))
+    sigs[Signal.WAITING][-5:] = 0.0
+    r = diagnose_one(sigs)
+    assert r.state is not FailureMode.FULL, (r.state, r.primary)
+    sigs[Signal.KV_USAGE][-1] = 0.97  # still pinned: the pauses are now
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.FULL, (r.state, r.primary)
+
+
+def test_a_replica_draining_its_own_backlog_is_no_imbalance() -> None:
+    """Detection 84 85 86 (60 s scrapes, ph-fragmented-8503, Triton): a replica pinned at 89-100 %
+    while it drained a backlog admitted after a reservation stall (691 -> 19 queued) read
+    misread-replica-imbalance for a minute between two full incidents, and the second was a new
+    incident after the recovery. Misread is "no sustained queue explains it": a replica whose
+    own queue explains its saturation is not hidden by a mean; its own rules decide it."""
+    fleet = {f"r{i}": base(kv_usage=const(0.3)) for i in range(2)}
+    fleet["hot"] = base(kv_usage=const(0.9), waiting=np.maximum(700.0 - 12.0 * np.arange(N), 19.0))
+    res = run(fleet)
+    assert res["hot"].mode_verdict(FailureMode.MISREAD).verdict is Verdict.NOT_MATCHED, res["hot"].primary
