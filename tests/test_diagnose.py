@@ -2244,13 +2244,38 @@ def test_a_preemption_rate_that_lags_a_drained_pool_is_not_pressure_now() -> Non
     assert r.state is FailureMode.FULL, (r.state, r.primary)
 
 
+def _peaks_queued_one_scrape_each() -> dict[Signal, np.ndarray]:
+    """Held-out 87 88 (rnd-88-037, vLLM 0.33, a 333 s wave peaking at 1.09x capacity): KV fills to
+    ~99 % and drains to ~0 five times in 30 minutes; at each peak the scrapes catch 6-63
+    requests waiting at one sample, and the 10-minute queue-time p99 reads 4-5 s throughout."""
+    kv = np.clip(0.5 - 0.55 * np.cos(2 * np.pi * (GRID - GRID[0]) / 330.0), 0.0, 0.99)
+    waiting = const(0.0)
+    peaks = np.flatnonzero((kv[1:-1] >= kv[:-2]) & (kv[1:-1] > kv[2:]) & (kv[1:-1] >= 0.9)) + 1
+    for i, p in enumerate(peaks):
+        waiting[p] = (26.0, 14.0, 43.0, 18.0, 6.0, 20.0)[i % 6]
+    return base(kv_usage=kv, running=np.round(260 * kv), waiting=waiting, request_rate=const(6.0),
+                ttft_p50=const(0.1), ttft_p99=const(6.0), ttft_mean=const(1.0), queue_p99=const(4.8),
+                queue_mean=const(0.57))
+
+
+def test_a_wave_whose_peaks_queue_requests_for_seconds_is_oscillating_not_misread() -> None:
+    """rnd-88-037 read misread (a slice of slow requests) on every variant: the peaks' queues were
+    caught at one scrape each, so no queue episode was "held", and a tail of seconds with a fast
+    median looked like a slice. A pool that fills and drains repeatedly with requests waiting at
+    three peaks or more, seconds each (queue-time p99), is the oscillation; those waits are its tail."""
+    r = diagnose_one(_peaks_queued_one_scrape_each())
+    assert r.state is FailureMode.OSCILLATING, (r.state, r.primary)
+
+
 def test_a_replica_draining_its_own_backlog_is_no_imbalance() -> None:
     """Detection 84 85 86 (60 s scrapes, ph-fragmented-8503, Triton): a replica pinned at 89-100 %
-    while it drained a backlog admitted after a reservation stall (691 -> 19 queued) read
-    misread-replica-imbalance for a minute between two full incidents, and the second was a new
-    incident after the recovery. Misread is "no sustained queue explains it": a replica whose
-    own queue explains its saturation is not hidden by a mean; its own rules decide it."""
+    while it drained a backlog admitted after a reservation stall (691 -> 19 queued in 10 min)
+    read misread-replica-imbalance for a minute between two full incidents, and the second was a
+    new incident after the recovery. A backlog draining (faster than 5 requests/min) is full's to
+    follow; a saturated replica whose queue holds stays an imbalance its group's mean hides."""
     fleet = {f"r{i}": base(kv_usage=const(0.3)) for i in range(2)}
     fleet["hot"] = base(kv_usage=const(0.9), waiting=np.maximum(700.0 - 12.0 * np.arange(N), 19.0))
     res = run(fleet)
     assert res["hot"].mode_verdict(FailureMode.MISREAD).verdict is Verdict.NOT_MATCHED, res["hot"].primary
+    fleet["hot"] = base(kv_usage=const(0.9), waiting=40 + 10 * np.sin(GRID / 90))
+    assert run(fleet)["hot"].mode_verdict(FailureMode.MISREAD).verdict is Verdict.MATCHED
