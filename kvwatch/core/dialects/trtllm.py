@@ -32,10 +32,16 @@ def _triton_waiting(r: Render) -> str:
     return f"sum by ({BY}) ({r.gauge(_TR, _WAITING)}) + on ({BY}) sum by ({BY}) ({pending})"
 
 
+def _iterations_per_s(r: Render) -> str:
+    """The executor's iterations per second (its iteration counter is a gauge that only grows,
+    so ``rate`` reads it; a restart is a counter reset)."""
+    return f"rate({r.sel('nv_trt_llm_general_metrics', _ITER)}[{r.rw}])"
+
+
 def _triton_preemptions(r: Render) -> str:
     # paused requests per iteration (mean over the window) x iterations per second
     return (f"sum by ({BY}) (avg_over_time({r.sel('nv_trt_llm_inflight_batcher_metrics', _PAUSED)}[{r.rw}]) "
-            f"* ignoring ({_IGNORE}) rate({r.sel('nv_trt_llm_general_metrics', _ITER)}[{r.rw}]))")
+            f"* ignoring ({_IGNORE}) {_iterations_per_s(r)})")
 
 
 def _triton_queue_mean(r: Render) -> str:
@@ -51,15 +57,12 @@ _GEN = "nv_trt_llm_general_metrics"
 
 def _per_iteration(kind: str, estimate: str) -> Source:
     """Triton without the ``nv_llm_*`` token histograms: a per-iteration gauge of the in-flight
-    batcher times iterations per second (the iteration counter is a gauge that only grows, so
-    ``rate`` reads it; a restart is a counter reset)."""
+    batcher times iterations per second."""
     which = f'inflight_batcher_specific_metric="{kind}"'
-    counter = 'general_type="iteration_counter"'
 
     def expr(r: Render) -> str:
         per_iter = f"avg_over_time({r.sel(_IFB, which)}[{r.rw}])"
-        iters = f"rate({r.sel(_GEN, counter)}[{r.rw}])"
-        return f"sum by ({BY}) ({per_iter}) * on ({BY}) max by ({BY}) ({iters})"
+        return f"sum by ({BY}) ({per_iter}) * on ({BY}) max by ({BY}) ({_iterations_per_s(r)})"
 
     return Source(X, _IFB, expr=expr, extra_requires=(_GEN,), estimate=estimate)
 
@@ -110,8 +113,8 @@ TRITON_SOURCES = merge_sources(
             ),
         ),
         Signal.MAX_RUNNING: Source(G, _TR, 'request_type="max"'),
-        # the executor's iteration counter (a gauge that only grows: rate reads it, a restart
-        # is a reset); it stands still while the executor runs no iteration
+        # the executor's iteration counter (rate as in _iterations_per_s); it stands still
+        # while the executor runs no iteration
         Signal.STEP_RATE: Source(C, _GEN, _ITER, agg="sum", note="executor iterations per second"),
     },
     ttft_sources("nv_inference_first_response_histogram_ms", scale=0.001, triton_core=True,
