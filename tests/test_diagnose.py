@@ -2279,3 +2279,21 @@ def test_a_replica_draining_its_own_backlog_is_no_imbalance() -> None:
     assert res["hot"].mode_verdict(FailureMode.MISREAD).verdict is Verdict.NOT_MATCHED, res["hot"].primary
     fleet["hot"] = base(kv_usage=const(0.9), waiting=40 + 10 * np.sin(GRID / 90))
     assert run(fleet)["hot"].mode_verdict(FailureMode.MISREAD).verdict is Verdict.MATCHED
+
+
+def test_a_ramp_into_max_num_seqs_is_batch_limited_once_pinned_for_five_minutes() -> None:
+    """Held-out 101 102 (rnd-102-010, vLLM, max_num_seqs 256 not exported, a ramp of demand to
+    1.15x): running climbed 92 -> 256 and sat at 256 for the last 6.5 minutes with the queue growing
+    to 926 and KV at 17 %, yet read `unknown`. Requests began to queue 2 minutes before running
+    reached the cap (219, 245, 244, 249 running with 12-44 waiting: arrivals between steps), so
+    "running at its maximum whenever requests waited" held in 14 of 18 queued samples (0.78 < 0.9).
+    A ramp approaching its ceiling from below is not a reservation stall wandering about it."""
+    t = np.arange(N)
+    running = np.minimum(92.0 + 3.7 * t, 256.0)
+    running[43:47] = [219.0, 245.0, 244.0, 249.0]
+    running[47:] = 256.0
+    waiting = np.where(t >= 43, 12.0 * (t - 42) ** 1.45, 0.0)
+    kv = 0.06 + 0.12 * np.minimum(t / 45.0, 1.0)
+    r = diagnose_one(base(kv_usage=kv, running=running, waiting=waiting))
+    assert r.state is FailureMode.IDLE and r.primary.cause == "batch_limited", (r.state, r.primary)
+
