@@ -2297,3 +2297,25 @@ def test_a_ramp_into_max_num_seqs_is_batch_limited_once_pinned_for_five_minutes(
     r = diagnose_one(base(kv_usage=kv, running=running, waiting=waiting))
     assert r.state is FailureMode.IDLE and r.primary.cause == "batch_limited", (r.state, r.primary)
 
+
+def test_a_batch_that_drains_for_minutes_between_queued_peaks_oscillates_with_the_pool_barely_used() -> None:
+    """Held-out 101 102 (rnd-101-077, SGLang, max_num_seqs 16, periodic demand at 1.7x the cap,
+    period 9.4 min): the queue built to ~280 and emptied for 1.5-2.5 minutes at every trough,
+    the batch drained to 1-5 of 16, KV at ~10 % with noise. It read `unknown`: the batch-alone
+    form wants the queue at the peaks only (requests waiting in at most half the samples) to
+    keep out a cap that binds all along and drains for one scrape now and then, and here the
+    queue waited in 84 % of them. A queue that empties for minutes between peaks has drained."""
+    wait = [237, 182, 125, 77, 33, 16, 1, 0, 31, 55, 103, 156, 188, 235, 266, 280, 254, 225, 193, 141, 96,
+            47, 7, 0, 0, 0, 5, 26, 72, 118, 148, 179, 197, 214, 217, 191, 176, 136, 79, 24, 0, 0, 0, 0, 0,
+            13, 45, 82, 133, 166, 204, 235, 243, 243, 234, 189, 160, 110, 52, 5, 0]
+    run_ = [16.0] * N
+    for i, v in {7: 15, 23: 3, 24: 5, 25: 4, 40: 1, 41: 3, 42: 6, 43: 11, 44: 13, 60: 4}.items():
+        run_[i] = float(v)
+    kv = np.array([0.08, 0.1, 0.06, 0.11, 0.11, 0.08, 0.08, 0.1, 0.12, 0.08, 0.11, 0.1, 0.08, 0.07, 0.12, 0.14,
+                   0.1, 0.08, 0.06, 0.11, 0.1, 0.12, 0.09, 0.02, 0.03, 0.03, 0.1, 0.11, 0.08, 0.13, 0.13, 0.07,
+                   0.09, 0.15, 0.06, 0.11, 0.14, 0.14, 0.05, 0.06, 0.01, 0.01, 0.02, 0.09, 0.07, 0.08, 0.09, 0.08,
+                   0.11, 0.13, 0.07, 0.09, 0.09, 0.1, 0.22, 0.09, 0.12, 0.12, 0.1, 0.11, 0.04])
+    sigs = base(kv_usage=kv, running=np.array(run_), waiting=np.array(wait, dtype=float))
+    del sigs[Signal.PREEMPTIONS]  # SGLang 0.4 exports none
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.OSCILLATING, (r.state, r.primary)

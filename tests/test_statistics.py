@@ -156,6 +156,21 @@ def test_quiet_spacings_reads_the_quiet_time_in_the_series_own_cycle_spacing() -
     assert REGISTRY["since_above"].series(SeriesStats(t, v2 + 1), 1.0) == 0.0
 
 
+def test_held_drains_count_a_queue_emptied_for_a_minute_between_peaks_not_for_one_scrape() -> None:
+    """Three peaks with the queue empty for 90 s between them: two held drains (the trailing
+    quiet stretch starts no new peak). The same peaks with a single empty 30 s scrape between
+    them (a cap binding all along): none. At 60 s scrapes on the 30 s grid one empty scrape
+    spans 60 s and counts; an empty span has no answer."""
+    t = np.arange(14, dtype=float) * 30
+    held = np.array([9, 9, 0, 0, 0, 9, 9, 0, 0, 0, 9, 9, 0, 0], dtype=float)
+    assert REGISTRY["held_drains"].series(SeriesStats(t, held), 1.0) == 2.0
+    blip = np.array([9, 9, 0, 9, 9, 9, 0, 9, 9, 9, 0, 9, 9, 9], dtype=float)
+    assert REGISTRY["held_drains"].series(SeriesStats(t, blip), 1.0) == 0.0
+    slow = np.array([9, 9, 0, 0, 9, 9, 9, 9, 0, 0, 9, 9, 9, 9], dtype=float)
+    assert REGISTRY["held_drains"].series(SeriesStats(t, slow), 1.0) == 2.0
+    assert REGISTRY["held_drains"].series(SeriesStats(t[:0], held[:0]), 1.0) is None
+
+
 def test_a_level_the_whole_span_wanders_around_is_no_new_ceiling() -> None:
     """Held-out corpus 63 64 (rnd-64-041, LMDeploy, a reservation stall): running wandered 28-31
     over the whole span and its last 11 samples sat within one unit, which pinned_tail read as a

@@ -163,6 +163,8 @@ _TABLE: tuple[Statistic, ...] = (
     # episode starts (a long cycle in its trough vs a cycle that stopped)
     Statistic("since_above", True, None, lambda st, arg: st.since_above(1.0 if arg is None else arg)),
     Statistic("quiet_spacings", True, None, lambda st, arg: st.quiet_spacings(1.0 if arg is None else arg)),
+    # drains held a minute between excursions to >= arg (a queue emptied between peaks)
+    Statistic("held_drains", True, None, lambda st, arg: _opt_float(st.held_drains(1.0 if arg is None else arg))),
     Statistic("cycles", False, None, _cycles(1)),
     Statistic("sustained_cycles", False, None, _cycles(2)),
     # fill-and-drain relative to the span's own peak (arg: the drain as a share of the max)

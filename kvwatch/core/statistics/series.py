@@ -200,18 +200,10 @@ class SeriesStats:
             return None
         return float(self.ts[-1] - self.ts[hit[-1]])
 
-    def quiet_spacings(self, x: float, min_gap_s: float = 60.0) -> float | None:
-        """:meth:`since_above` in units of the series' own cycle: the median spacing (s)
-        between the starts of its episodes at ≥ ``x``. An episode starts after the signal sat
-        at ≤ ``x``/2 (the hysteresis of :meth:`cycles`) for at least ``min_gap_s`` seconds,
-        from the first such sample to the sample that rises again: a queue drained for one
-        30 s scrape in the middle of a peak is the same episode, not a cycle of 60 s. The
-        excursion under way when the span opens has no start. A long cycle in its trough
-        scores < 1, a cycle that stopped scores more the longer it stays quiet. None with
-        fewer than two starts (no spacing to measure) or when nothing reaches ``x``."""
-        since = self.since_above(x)
-        if since is None:
-            return None
+    def _held_starts(self, x: float, min_gap_s: float) -> list[float]:
+        """Times at which the signal rose to ≥ ``x`` after sitting at ≤ ``x``/2 (the hysteresis
+        of :meth:`cycles`) for at least ``min_gap_s`` seconds, from the first quiet sample to the
+        sample that rises again. The excursion under way when the span opens has no start."""
         starts: list[float] = []
         quiet_from: float | None = None
         for t, v in zip(self.ts.tolist(), self.v.tolist(), strict=True):
@@ -221,6 +213,28 @@ class SeriesStats:
                 if quiet_from is not None and t - quiet_from >= min_gap_s:
                     starts.append(t)
                 quiet_from = None
+        return starts
+
+    def held_drains(self, x: float, min_gap_s: float = 60.0) -> int | None:
+        """Drains between excursions: stretches at ≤ ``x``/2 held at least ``min_gap_s`` seconds
+        and followed by a new rise to ≥ ``x``. A queue that empties for a scrape now and then
+        while a cap binds all along scores 0 (at 60 s scrapes one empty scrape spans 60 s
+        of the grid and counts). None for an empty span."""
+        if not len(self.v):
+            return None
+        return len(self._held_starts(x, min_gap_s))
+
+    def quiet_spacings(self, x: float, min_gap_s: float = 60.0) -> float | None:
+        """:meth:`since_above` in units of the series' own cycle: the median spacing (s)
+        between the starts of its episodes at ≥ ``x`` (:meth:`_held_starts`: a queue drained
+        for one 30 s scrape in the middle of a peak is the same episode, not a cycle of 60 s).
+        A long cycle in its trough scores < 1, a cycle that stopped scores more the longer it
+        stays quiet. None with fewer than two starts (no spacing to measure) or when nothing
+        reaches ``x``."""
+        since = self.since_above(x)
+        if since is None:
+            return None
+        starts = self._held_starts(x, min_gap_s)
         if len(starts) < 2:
             return None
         spacing = float(np.median(np.diff(starts)))
