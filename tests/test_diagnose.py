@@ -2319,3 +2319,19 @@ def test_a_batch_that_drains_for_minutes_between_queued_peaks_oscillates_with_th
     del sigs[Signal.PREEMPTIONS]  # SGLang 0.4 exports none
     r = diagnose_one(sigs)
     assert r.state is FailureMode.OSCILLATING, (r.state, r.primary)
+
+
+def test_a_reservation_stall_behind_an_estimated_queue_is_no_oscillation() -> None:
+    """Held-out 95 96, no-waiting variants (rnd-96-029, rnd-95-001: vLLM reservation stalls, read
+    without the queue gauge): the Little's-law queue stood at 900-1,900 requests, 500-700 s of
+    throughput, for the whole window while KV wandered 17-50 % with the sizes admitted and running
+    12-24; the estimated-queue form of oscillation took the wander for pool and batch filling and
+    draining behind a queue that the estimate cannot show draining. An oscillation's queue drains
+    at its troughs, and even smoothed over a rate window it falls to seconds of throughput there
+    (rnd-61-003: 25 s at most); a queue of ten minutes of throughput never drained."""
+    rng = np.random.default_rng(11)
+    sigs = base(kv_usage=rng.uniform(0.17, 0.50, N), running=rng.integers(12, 25, N).astype(float),
+                waiting=np.linspace(920.0, 1800.0, N) + rng.normal(0, 40, N), request_rate=const(2.6),
+                gen_tps=const(600.0))
+    r = _estimated_queue_target(sigs, estimated=True)
+    assert r.state is FailureMode.FRAGMENTED, (r.state, r.primary)
