@@ -2292,7 +2292,7 @@ def test_a_ramp_into_max_num_seqs_is_batch_limited_once_pinned_for_five_minutes(
     running = np.minimum(92.0 + 3.7 * t, 256.0)
     running[43:47] = [219.0, 245.0, 244.0, 249.0]
     running[47:] = 256.0
-    waiting = np.where(t >= 43, 12.0 * (t - 42) ** 1.45, 0.0)
+    waiting = 12.0 * np.maximum(t - 42, 0) ** 1.45
     kv = 0.06 + 0.12 * np.minimum(t / 45.0, 1.0)
     r = diagnose_one(base(kv_usage=kv, running=running, waiting=waiting))
     assert r.state is FailureMode.IDLE and r.primary.cause == "batch_limited", (r.state, r.primary)
