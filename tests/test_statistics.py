@@ -156,6 +156,15 @@ def test_quiet_spacings_reads_the_quiet_time_in_the_series_own_cycle_spacing() -
     assert REGISTRY["since_above"].series(SeriesStats(t, v2 + 1), 1.0) == 0.0
 
 
+def test_since_below_is_how_long_a_queue_has_been_up_without_a_break() -> None:
+    t = np.arange(8, dtype=float) * 30
+    st = SeriesStats(t, np.array([5, 0, 3, 9, 12, 7, 8, 11], dtype=float))
+    assert REGISTRY["since_below"].series(st, 0.5) == 180.0  # last empty at 30 s, the span ends at 210 s
+    assert REGISTRY["since_below"].series(SeriesStats(t, np.zeros(8)), 0.5) == 0.0
+    assert REGISTRY["since_below"].series(SeriesStats(t, np.full(8, 4.0)), 0.5) is None  # up all span
+    assert REGISTRY["since_below"].series(SeriesStats(t[:0], t[:0]), 0.5) is None
+
+
 def test_held_drains_count_a_queue_emptied_for_a_minute_between_peaks_not_for_one_scrape() -> None:
     """Three peaks with the queue empty for 90 s between them: two held drains (the trailing
     quiet stretch starts no new peak). The same peaks with a single empty 30 s scrape between

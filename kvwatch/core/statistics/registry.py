@@ -163,6 +163,8 @@ _TABLE: tuple[Statistic, ...] = (
     # episode starts (a long cycle in its trough vs a cycle that stopped)
     Statistic("since_above", True, None, lambda st, arg: st.since_above(1.0 if arg is None else arg)),
     Statistic("quiet_spacings", True, None, lambda st, arg: st.quiet_spacings(1.0 if arg is None else arg)),
+    # how long ago the signal was last at or under arg, in seconds (None: never in the span)
+    Statistic("since_below", True, None, lambda st, arg: st.since_below(0.0 if arg is None else arg)),
     # drains held a minute between excursions to >= arg (a queue emptied between peaks)
     Statistic("held_drains", True, None, lambda st, arg: _opt_float(st.held_drains(1.0 if arg is None else arg))),
     Statistic("cycles", False, None, _cycles(1)),

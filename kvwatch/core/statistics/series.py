@@ -200,6 +200,15 @@ class SeriesStats:
             return None
         return float(self.ts[-1] - self.ts[hit[-1]])
 
+    def since_below(self, x: float) -> float | None:
+        """Seconds from the last sample ≤ ``x`` to the span's last sample (0.0 when the last
+        sample is ≤ ``x``): how long a queue has been up without a break. None when no sample
+        is ≤ ``x`` (up all span: longer than it shows) or the span is empty."""
+        hit = np.flatnonzero(self.v <= x)
+        if not len(hit):
+            return None
+        return float(self.ts[-1] - self.ts[hit[-1]])
+
     def _held_starts(self, x: float, min_gap_s: float) -> list[float]:
         """Times at which the signal rose to ≥ ``x`` after sitting at ≤ ``x``/2 (the hysteresis
         of :meth:`cycles`) for at least ``min_gap_s`` seconds, from the first quiet sample to the
