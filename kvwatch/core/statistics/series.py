@@ -195,19 +195,18 @@ class SeriesStats:
     def since_above(self, x: float) -> float | None:
         """Seconds from the last sample ≥ ``x`` to the span's last sample (0.0 when the last
         sample is ≥ ``x``); None when no sample reaches ``x`` or the span is empty."""
-        hit = np.flatnonzero(self.v >= x)
-        if not len(hit):
-            return None
-        return float(self.ts[-1] - self.ts[hit[-1]])
+        return self._since_last(self.v >= x)
 
     def since_below(self, x: float) -> float | None:
         """Seconds from the last sample ≤ ``x`` to the span's last sample (0.0 when the last
         sample is ≤ ``x``): how long a queue has been up without a break. None when no sample
         is ≤ ``x`` (up all span: longer than it shows) or the span is empty."""
-        hit = np.flatnonzero(self.v <= x)
-        if not len(hit):
-            return None
-        return float(self.ts[-1] - self.ts[hit[-1]])
+        return self._since_last(self.v <= x)
+
+    def _since_last(self, hit: np.ndarray) -> float | None:
+        """Seconds from the last sample where ``hit`` holds to the span's last sample."""
+        idx = np.flatnonzero(hit)
+        return float(self.ts[-1] - self.ts[idx[-1]]) if len(idx) else None
 
     def _held_starts(self, x: float, min_gap_s: float) -> list[float]:
         """Times at which the signal rose to ≥ ``x`` after sitting at ≤ ``x``/2 (the hysteresis
