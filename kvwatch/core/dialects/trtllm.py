@@ -23,6 +23,8 @@ _MAXB = 'kv_cache_block_type="max"'
 _TPB = 'kv_cache_block_type="tokens_per"'
 _PAUSED = 'inflight_batcher_specific_metric="paused_requests"'
 _ITER = 'general_type="iteration_counter"'
+_IFB = "nv_trt_llm_inflight_batcher_metrics"
+_GEN = "nv_trt_llm_general_metrics"
 _IGNORE = "inflight_batcher_specific_metric, general_type"
 
 
@@ -35,12 +37,12 @@ def _triton_waiting(r: Render) -> str:
 def _iterations_per_s(r: Render) -> str:
     """The executor's iterations per second (its iteration counter is a gauge that only grows,
     so ``rate`` reads it; a restart is a counter reset)."""
-    return f"rate({r.sel('nv_trt_llm_general_metrics', _ITER)}[{r.rw}])"
+    return f"rate({r.sel(_GEN, _ITER)}[{r.rw}])"
 
 
 def _triton_preemptions(r: Render) -> str:
     # paused requests per iteration (mean over the window) x iterations per second
-    return (f"sum by ({BY}) (avg_over_time({r.sel('nv_trt_llm_inflight_batcher_metrics', _PAUSED)}[{r.rw}]) "
+    return (f"sum by ({BY}) (avg_over_time({r.sel(_IFB, _PAUSED)}[{r.rw}]) "
             f"* ignoring ({_IGNORE}) {_iterations_per_s(r)})")
 
 
@@ -49,10 +51,6 @@ def _triton_queue_mean(r: Render) -> str:
     num = r.llm(f"rate({r.sel('nv_inference_queue_duration_us', m)}[{r.rw}])")
     den = r.llm(f"rate({r.sel('nv_inference_request_success', m)}[{r.rw}])")
     return f"sum by ({BY}) ({num}) / sum by ({BY}) ({den}) / 1e6"
-
-
-_IFB = "nv_trt_llm_inflight_batcher_metrics"
-_GEN = "nv_trt_llm_general_metrics"
 
 
 def _per_iteration(kind: str, estimate: str) -> Source:
@@ -82,8 +80,8 @@ TRITON_SOURCES = merge_sources(
             Source(G, _TR, _WAITING, agg="sum", note="active - scheduled only"),
         ),
         Signal.PREEMPTIONS: Source(
-            X, "nv_trt_llm_inflight_batcher_metrics", expr=_triton_preemptions,
-            extra_requires=("nv_trt_llm_general_metrics",),
+            X, _IFB, expr=_triton_preemptions,
+            extra_requires=(_GEN,),
             note="estimate: mean paused requests per iteration x iterations/s (paused_requests is a gauge)",
         ),
         Signal.QUEUE_MEAN: Source(
