@@ -2371,3 +2371,57 @@ def test_a_queue_held_for_the_last_quarter_hour_is_no_oscillation_whatever_the_p
     running = 140.0 + 90.0 * np.random.default_rng(6).random(N)
     r = diagnose_one(base(kv_usage=kv, waiting=waiting, running=running, gen_tps=const(3000.0)))
     assert r.state is FailureMode.FRAGMENTED, (r.state, r.primary)
+
+
+def test_a_stalled_admission_without_a_queue_gauge_is_fragmented_by_its_queue_time() -> None:
+    """Held-out 115 116 (rnd-115-039, rnd-116-021: Triton reservation stalls in the no-waiting
+    variant, read `unknown`): the pool sits flat at 58-62 % with ~146 requests running, not at a
+    ceiling, tokens flow, and requests spend ~190 s in Triton's queue (its queue-duration mean),
+    but "admission stalls persistently" was undecidable without the queue gauge. As for full,
+    no gauge is like a gauge that never saw the queue, and the queue time tells the stall."""
+    rng = np.random.default_rng(11)
+    sigs = base(kv_usage=0.59 + rng.uniform(-0.015, 0.015, N), running=130 + rng.uniform(0, 25, N),
+                gen_tps=const(820.0), queue_mean=185 + rng.uniform(0, 10, N), ttft_p50=const(190.0),
+                ttft_p99=const(240.0), ttft_mean=const(192.0), request_rate=const(1.9))
+    del sigs[Signal.WAITING]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.FRAGMENTED, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])
+
+
+def test_a_cycling_pool_without_a_queue_gauge_is_oscillating_by_its_queue_time_at_the_peaks() -> None:
+    """Held-out 117 118 (rnd-117-039, Triton in the no-waiting variant, read `unknown`): the
+    pool fills to 97-99 % and drains to 1-6 % every ~7.6 minutes, the batch with it, and at each
+    peak requests spend 12-26 s in Triton's queue (its queue-duration mean), 0 s in between.
+    Pressure at the peaks and its recency were undecidable without the queue gauge; the queue
+    time shows both where no gauge exists (or the gauge never saw a queue)."""
+    phase = (GRID - GRID[0]) % 457.5 / 457.5
+    kv = np.where(phase < 0.45, 0.03 + 0.04 * phase, 0.2 + 0.79 * np.clip((phase - 0.45) * 6, 0, 1))
+    queue_mean = np.where(phase > 0.6, 25.0 * (phase - 0.6) / 0.4, 0.0)
+    running = np.where(phase < 0.45, 3.0, 70.0)
+    sigs = base(kv_usage=kv, queue_mean=queue_mean, running=running, gen_tps=50 + 550 * kv,
+                ttft_p50=const(3.0), ttft_p99=const(20.0), ttft_mean=const(5.0), request_rate=0.15 + 2 * kv)
+    del sigs[Signal.WAITING]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.OSCILLATING, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])
+
+
+def test_a_wedged_pool_without_a_queue_gauge_is_no_oscillation_by_its_last_queue_time() -> None:
+    """Held-out 109 110 (rnd-110-067, Triton wedged in the no-waiting variant): two queue-time
+    peaks (4.6 s, 9.7 s) while the pool swung, then nothing finished for 14 minutes, so the
+    queue-time mean is 0/0 and its last finite sample is the 9 s of the peak. Read as a cycle
+    whose queue was there "0 s ago", the wedge turned oscillating. The last queue time is 14
+    minutes old at the evaluation instant: no recent pressure, whatever the wedge is."""
+    t = np.arange(N)
+    kv = np.where(t < 15, 0.9, np.where(t < 22, 0.2, 1.0))
+    kv[t >= 50] = 0.0
+    queue_mean = np.where((t >= 4) & (t <= 8), 4.5, np.where((t >= 27) & (t <= 32), 9.5, 0.0))
+    queue_mean[33:] = np.nan
+    running = np.where(t < 29, 60.0, 67.0)
+    running[t >= 50] = 0.0
+    gen = np.where(t < 33, 190.0, 0.0)
+    sigs = base(kv_usage=kv, queue_mean=queue_mean, running=running, gen_tps=gen, request_rate=np.where(t < 33, 1.8, 0.0),
+                ttft_p50=np.where(t < 33, 1.0, np.nan), ttft_p99=np.where(t < 33, 5.0, np.nan),
+                ttft_mean=np.where(t < 33, 1.2, np.nan))
+    del sigs[Signal.WAITING]
+    r = run({"t": sigs})["t"]
+    assert FailureMode.OSCILLATING not in {d.mode for d in r.diagnoses}, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])

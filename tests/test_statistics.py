@@ -165,6 +165,19 @@ def test_since_below_is_how_long_a_queue_has_been_up_without_a_break() -> None:
     assert REGISTRY["since_below"].series(SeriesStats(t[:0], t[:0]), 0.5) is None
 
 
+def test_since_is_measured_at_the_span_end_when_the_last_samples_are_missing() -> None:
+    """Held-out 109 110 (rnd-110-067, Triton wedged with no queue gauge): the queue-time mean is
+    0/0 (NaN) once no request finishes, so its last finite sample, 9 s, was 14 minutes old, yet
+    "since the last queue time of a second" read 0 s and the wedge passed for a cycle's recency.
+    Seconds since are counted to the span's end (the evaluation instant); missing samples at
+    the end are time that passed without the event being seen."""
+    t = np.arange(10, dtype=float) * 30
+    v = np.array([0, 2, 9, 9, np.nan, np.nan, np.nan, np.nan, np.nan, np.nan])
+    assert REGISTRY["since_above"].series(SeriesStats(t, v), 1.0) == 180.0
+    assert REGISTRY["since_below"].series(SeriesStats(t, v), 0.5) == 270.0
+    assert REGISTRY["since_above"].series(SeriesStats(t, np.full(10, np.nan)), 1.0) is None
+
+
 def test_held_drains_count_a_queue_emptied_for_a_minute_between_peaks_not_for_one_scrape() -> None:
     """Three peaks with the queue empty for 90 s between them: two held drains (the trailing
     quiet stretch starts no new peak). The same peaks with a single empty 30 s scrape between

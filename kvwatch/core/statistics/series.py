@@ -38,9 +38,12 @@ def _memo(fn):  # type: ignore[no-untyped-def]
 class SeriesStats:
     """Statistics of samples ``values`` taken at times ``ts`` (Unix seconds), oldest first."""
 
-    __slots__ = ("_memo", "expected", "ts", "v")
+    __slots__ = ("_memo", "end", "expected", "ts", "v")
 
     def __init__(self, ts: np.ndarray, values: np.ndarray, expected: int = 0) -> None:
+        # the span's last instant, whether or not it holds a sample: "seconds since" is
+        # measured to it, so missing samples at the end count as time passed unseen
+        self.end = float(ts[-1]) if len(ts) else float("nan")
         ok = np.isfinite(values)
         if ok.all():
             self.ts, self.v = ts, values
@@ -193,20 +196,21 @@ class SeriesStats:
         return n + (1 if open_end and armed else 0)
 
     def since_above(self, x: float) -> float | None:
-        """Seconds from the last sample ≥ ``x`` to the span's last sample (0.0 when the last
-        sample is ≥ ``x``); None when no sample reaches ``x`` or the span is empty."""
+        """Seconds from the last sample ≥ ``x`` to the span's end (0.0 when the last sample,
+        at the end, is ≥ ``x``); None when no sample reaches ``x`` or the span is empty."""
         return self._since_last(self.v >= x)
 
     def since_below(self, x: float) -> float | None:
-        """Seconds from the last sample ≤ ``x`` to the span's last sample (0.0 when the last
-        sample is ≤ ``x``): how long a queue has been up without a break. None when no sample
+        """Seconds from the last sample ≤ ``x`` to the span's end (0.0 when the last sample,
+        at the end, is ≤ ``x``): how long a queue has been up without a break. None when no sample
         is ≤ ``x`` (up all span: longer than it shows) or the span is empty."""
         return self._since_last(self.v <= x)
 
     def _since_last(self, hit: np.ndarray) -> float | None:
-        """Seconds from the last sample where ``hit`` holds to the span's last sample."""
+        """Seconds from the last sample where ``hit`` holds to the span's end (its last instant,
+        a sample or not)."""
         idx = np.flatnonzero(hit)
-        return float(self.ts[-1] - self.ts[idx[-1]]) if len(idx) else None
+        return float(self.end - self.ts[idx[-1]]) if len(idx) else None
 
     def _held_starts(self, x: float, min_gap_s: float) -> list[float]:
         """Times at which the signal rose to ≥ ``x`` after sitting at ≤ ``x``/2 (the hysteresis
