@@ -2425,3 +2425,18 @@ def test_a_wedged_pool_without_a_queue_gauge_is_no_oscillation_by_its_last_queue
     del sigs[Signal.WAITING]
     r = run({"t": sigs})["t"]
     assert FailureMode.OSCILLATING not in {d.mode for d in r.diagnoses}, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])
+
+
+def test_a_batch_pinned_at_a_small_cap_whose_few_big_requests_swing_the_pool_is_batch_limited() -> None:
+    """Held-out 117 118 (rnd-118-046, vLLM v0, max_num_seqs 8 not exported, read `unknown` on 4
+    variants): running sits at 8 in every sample with ~3,700 waiting, while the eight long
+    requests in the batch move KV between 20 % and 94 % (median 54 %, p90 91 %). The guard
+    "KV blocks to spare" read the pool's p90 and failed. A pool that binds lets the batch
+    shrink when it is full; one that never moves off its ceiling while the pool wanders far
+    below full most of the time is held by the cap."""
+    kv = np.random.default_rng(46).uniform(0.2, 0.94, N)
+    kv[::6] = 0.93
+    waiting = np.minimum(2750 + 90 * np.arange(N), 3800.0) + np.random.default_rng(47).uniform(-30, 30, N)
+    r = diagnose_one(base(kv_usage=kv, running=const(8.0), waiting=waiting, gen_tps=const(240.0),
+                          ttft_p50=const(1200.0), ttft_p99=const(1500.0), ttft_mean=const(1210.0)))
+    assert r.state is FailureMode.IDLE and r.primary.cause == "batch_limited", (r.state, r.primary)
