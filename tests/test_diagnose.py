@@ -2440,3 +2440,25 @@ def test_a_batch_pinned_at_a_small_cap_whose_few_big_requests_swing_the_pool_is_
     r = diagnose_one(base(kv_usage=kv, running=const(8.0), waiting=waiting, gen_tps=const(240.0),
                           ttft_p50=const(1200.0), ttft_p99=const(1500.0), ttft_mean=const(1210.0)))
     assert r.state is FailureMode.IDLE and r.primary.cause == "batch_limited", (r.state, r.primary)
+
+
+def test_lone_evictions_after_the_queue_gauge_has_read_empty_for_a_quarter_hour_are_no_oscillation() -> None:
+    """Held-out 117 118 (rnd-117-049, vLLM 0.6, bursty healthy traffic at 53-86 % of capacity,
+    read oscillating on 2 variants): the pool touched full at its bursts, queued a few requests
+    in the first 15 minutes, then the queue gauge read 0 at every scrape for 15 minutes while
+    two requests were evicted at one burst 3 minutes ago. "Pressure recurs now" took that pair
+    of evictions; evicted requests re-enter the queue, so where a gauge watched the queue empty
+    for more than 10 minutes they were re-admitted at once: a busy pool touching full."""
+    t = np.arange(N)
+    kv = 0.55 + 0.3 * np.sin(2 * np.pi * t / 15.25) + 0.15 * np.sin(2 * np.pi * t / 7.0)
+    kv = np.clip(kv, 0.29, 1.0)
+    waiting = np.zeros(N)
+    waiting[[6, 7, 10, 18, 19, 22, 26, 27, 30]] = [3, 3, 6, 9, 8, 11, 4, 17, 2]
+    pre = np.zeros(N)
+    pre[[6, 7, 8, 9, 18, 19, 20, 21, 29, 30, 31, 32, 54, 55, 56, 57]] = 1 / 60
+    sigs = base(kv_usage=kv, waiting=waiting, preemptions=pre, running=30 + 40 * kv, queue_p99=const(9.0))
+    r = diagnose_one(sigs)
+    assert FailureMode.OSCILLATING not in {d.mode for d in r.diagnoses}, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])
+    sigs[Signal.WAITING][52] = 5.0  # the gauge saw a queue 4 minutes ago: the evictions are this cycle's pressure
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.OSCILLATING, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])
