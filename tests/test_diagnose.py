@@ -2462,3 +2462,27 @@ def test_lone_evictions_after_the_queue_gauge_has_read_empty_for_a_quarter_hour_
     sigs[Signal.WAITING][52] = 5.0  # the gauge saw a queue 4 minutes ago: the evictions are this cycle's pressure
     r = diagnose_one(sigs)
     assert r.state is FailureMode.OSCILLATING, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])
+
+
+def test_a_cycle_whose_queue_time_never_drains_to_zero_is_oscillating_by_its_swing() -> None:
+    """Held-out 119 120 (rnd-120-066, Triton in the no-waiting variant, a 250 s cycle, read
+    `unknown`): the pool fills to 67-80 % and drains to 1-7 % every ~4 minutes and the batch
+    with it (up to its cap of 256, down to 4-20), while the queue-time mean swings between 2-5 s
+    in the troughs and 35-41 s at the peaks: it never falls under a second, so "2 s at the peaks,
+    under 1 s between" counted one episode. A queue time that rises past 10 s and falls back
+    under 5 s at every cycle is pressure at the peaks too; a stall holds it up."""
+    phase = (GRID - GRID[0]) % 250.0 / 250.0
+    kv = 0.04 + 0.72 * np.clip(np.sin(np.pi * phase) ** 2 * 1.3, 0, 1)
+    running = 10 + 246 * np.clip(np.sin(np.pi * phase) ** 2 * 1.3, 0, 1)
+    queue_mean = 3.0 + 36.0 * np.sin(np.pi * ((phase + 0.15) % 1.0)) ** 2
+    sigs = base(kv_usage=kv, running=running, queue_mean=queue_mean, gen_tps=600 + 900 * kv,
+                ttft_p50=const(20.0), ttft_p99=const(40.0), ttft_mean=const(21.0), request_rate=const(3.0))
+    del sigs[Signal.WAITING]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.OSCILLATING, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])
+    flat = dict(sigs)
+    flat[Signal.QUEUE_MEAN] = 185.0 + 10 * np.sin(GRID / 50)  # a stall holds its queue time up
+    flat[Signal.KV_USAGE] = 0.6 + 0.01 * np.sin(GRID / 40)
+    r = run({"t": flat})["t"]
+    assert FailureMode.OSCILLATING not in {d.mode for d in r.diagnoses}, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])
+
