@@ -2486,3 +2486,27 @@ def test_a_cycle_whose_queue_time_never_drains_to_zero_is_oscillating_by_its_swi
     r = run({"t": flat})["t"]
     assert FailureMode.OSCILLATING not in {d.mode for d in r.diagnoses}, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])
 
+
+def test_a_stall_without_a_queue_gauge_is_no_lifted_limit_when_its_last_running_sample_is_its_max() -> None:
+    """Held-out 119 120 (rnd-119-064, Triton reservation stall in the no-waiting variant, read
+    `unknown`): 6-8 requests running, KV 20-55 %, requests spend ~373 s in Triton's queue all
+    window. The last sample's 8 running was the span's maximum, and "a limit lifted: nobody waits
+    now and running at its highest" was undecidable without the gauge. Where no gauge exists the
+    queue time says whether anybody waits now: 373 s, so no limit lifted. Nor is the pool's
+    wander (two 30-point swings, the batch 4-8) an oscillation that the missing gauge leaves
+    undecided: requests waited over a minute in every sample of the window, the queue never
+    drained, and a cycle drains."""
+    rng = np.random.default_rng(64)
+    kv = np.array([0.253, 0.314, 0.412, 0.296, 0.268, 0.347, 0.277, 0.244, 0.386, 0.403, 0.417, 0.314, 0.239, 0.313,
+                   0.284, 0.208, 0.236, 0.555, 0.301, 0.223, 0.28, 0.266, 0.398, 0.383, 0.329, 0.263, 0.29, 0.32, 0.304,
+                   0.352, 0.412, 0.453, 0.269, 0.388, 0.208, 0.328, 0.253, 0.26, 0.305, 0.295, 0.343, 0.292, 0.394,
+                   0.298, 0.379, 0.305, 0.415, 0.302, 0.335, 0.398, 0.274, 0.37, 0.248, 0.395, 0.308, 0.325, 0.268,
+                   0.34, 0.286, 0.272, 0.239])
+    running = np.array([6, 7, 6, 7, 6, 6, 7, 7, 6, 6, 6, 7, 6, 7, 7, 7, 8, 4, 6, 8, 7, 7, 6, 6, 7, 7, 7, 7, 7, 6, 6, 5,
+                        7, 6, 7, 7, 7, 8, 7, 7, 7, 6, 6, 7, 6, 7, 6, 6, 6, 6, 7, 6, 7, 6, 7, 7, 6, 6, 7, 7, 8], dtype=float)
+    sigs = base(kv_usage=kv, running=running, gen_tps=100 + rng.uniform(0, 10, N),
+                queue_mean=373 + rng.uniform(-0.3, 0.3, N), ttft_p50=const(373.0), ttft_p99=const(380.0),
+                ttft_mean=const(373.5), request_rate=const(0.72))
+    del sigs[Signal.WAITING]
+    r = run({"t": sigs})["t"]
+    assert r.state is FailureMode.FRAGMENTED, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])
