@@ -328,6 +328,22 @@ def test_an_intermittent_queue_is_not_cleared_by_a_gap_no_longer_than_its_own() 
     assert r.state is FailureMode.HEALTHY, r.primary
 
 
+def test_a_healthy_summary_says_a_queue_ended_rather_than_averaging_it() -> None:
+    """Held-out 79 80 (rnd-80-075, scraped every 60 s): a queue of 72-152 for a quarter of
+    an hour, empty for the last 5.5 minutes, read "healthy — ..., 59.3 waiting": the
+    window's mean queue printed as if requests were waiting now. A healthy summary says
+    how long the queue has been empty and how large it was."""
+    waiting = const(0.0)
+    waiting[-40:-11] = 120.0
+    r = run({"t": base(kv_usage=const(0.56), waiting=waiting, running=const(40))})["t"]
+    assert r.state is FailureMode.HEALTHY, r.primary
+    summary = r.primary.summary
+    assert "no queue for the last 5.5 min" in summary and "up to 120 waited" in summary, summary
+    assert "waiting," not in summary, summary
+    quiet = run({"t": base(kv_usage=const(0.56))})["t"]
+    assert quiet.state is FailureMode.HEALTHY and "no queue in 30 min" in quiet.primary.summary, quiet.primary
+
+
 def test_a_queue_gap_no_longer_than_one_earlier_in_the_window_is_not_a_recovery() -> None:
     """Held-out corpus 123 124 (rnd-123-001, vLLM behind Ray, a reservation stall at rho
     0.91): requests waited in 76 % of the last 10 minutes (mean queue time 18 s) and the

@@ -48,17 +48,33 @@ def _confidence(ev: RuleEval | Outcome, coverage: float) -> float:
     return round(max(0.05, min(1.0, base * (0.5 + 0.5 * coverage))), 3)
 
 
+def _queue_phrase(view: TargetView, span_s: float) -> str:
+    """The queue as a reader of a healthy verdict needs it: none, a brief one now, or one that
+    ended (how long ago, how large). The window's mean would print a queue that drained
+    minutes ago as if requests were waiting now. Empty without a queue gauge."""
+    top = view.stat("waiting", span_s, "max")
+    if top is None:
+        return ""
+    if top < 0.5:
+        return f", no queue in {span_s / 60:g} min"
+    last = view.stat("waiting", span_s, "last")
+    if last is not None and last >= 0.5:
+        return f", {last:,.0f} waiting now (briefly: not a persistent queue)"
+    since = view.stat("waiting", span_s, "since_above", 0.5)
+    ago = f" for the last {since / 60:.1f} min" if since is not None else ""
+    return f", no queue{ago} (up to {top:,.0f} waited earlier in the window)"
+
+
 def _healthy(view: TargetView) -> Diagnosis:
     w = view.p.window_s
     usage = Num(view.stat("kv_usage", w, "mean"))
     p90 = Num(view.stat("kv_usage", w, "p90"))
-    waiting = Num(view.stat("waiting", w, "mean"))
     return Diagnosis(
         mode=FailureMode.HEALTHY,
         rule_id="healthy",
         severity=Severity.INFO,
         confidence=0.9,
-        summary=f"KV {usage:.0%} used on average (p90 {p90:.0%}), {waiting:.1f} waiting, no failure-mode signature.",
+        summary=f"KV {usage:.0%} used on average (p90 {p90:.0%}){_queue_phrase(view, w)}, no failure-mode signature.",
         evidence=(),
         triage=("No action needed: busy pools at 60-85% with no queue and no preemptions are healthy.",),
     )
