@@ -59,7 +59,7 @@ def _queue_phrase(view: TargetView, span_s: float) -> str:
         return f", no queue in {span_s / 60:g} min"
     last = view.stat("waiting", span_s, "last")
     if last is not None and last >= 0.5:
-        return f", {last:,.0f} waiting now (briefly: not a persistent queue)"
+        return f", {last:,.0f} waiting now (not a persistent queue)"
     since = view.stat("waiting", span_s, "since_above", 0.5)
     ago = f" for the last {since / 60:.1f} min" if since is not None else ""
     return f", no queue{ago} (up to {top:,.0f} waited earlier in the window)"
