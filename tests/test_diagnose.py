@@ -1391,6 +1391,29 @@ def test_two_bumps_of_an_estimated_queue_are_no_held_queue() -> None:
     assert _estimated_queue_target(sigs, estimated=False).state is FailureMode.OSCILLATING
 
 
+def test_a_slice_behind_an_estimated_queue_of_short_waits_is_misread() -> None:
+    """Fresh corpus 127 128, every target under every perturbation (rnd-128-008, vLLM 0.10,
+    periodic load to 0.8x capacity; rnd-128-009, SGLang behind Ray, bursty): a slow slice
+    (TTFT p99 4 s at 80x p50) read misread with the waiting gauge and healthy without it.
+    The Little's-law estimate that stands in for the gauge is the queue-time rate, so a
+    burst whose requests waited a fifth of a second reads as one request "waiting" for a
+    minute or two: three such bumps looked like held queue episodes whose tail the 10-minute
+    quantiles might still carry. Behind an estimate the episode's own measure is its
+    Little's-law wait: requests that waited far under the SLO on average made no tail."""
+    t = GRID - GRID[0]
+    phase = 2 * np.pi * t / 240
+    bumps = np.where(np.cos(phase) > 0.5, 1.2, 0.0)  # 3 samples in every 4-minute period: 37 % of the window
+    sigs = base(kv_usage=0.45 + 0.35 * np.cos(phase), waiting=bumps, request_rate=const(5.0),
+                ttft_p50=const(0.05), ttft_p99=const(4.0), ttft_mean=const(0.3),
+                queue_p99=const(1.5), queue_mean=const(0.2))
+    r = _estimated_queue_target(sigs, estimated=True)
+    assert r.state is FailureMode.MISREAD, [(d.mode, d.rule_id) for d in r.diagnoses]
+    # the same bumps holding 20 requests (4 s each on average at 5/s): a queue that makes a tail
+    sigs[Signal.WAITING] = bumps / 1.2 * 20
+    r = _estimated_queue_target(sigs, estimated=True)
+    assert r.state is not FailureMode.MISREAD, [(d.mode, d.rule_id) for d in r.diagnoses]
+
+
 def test_an_oscillation_that_ended_is_over_sooner_behind_an_estimated_queue() -> None:
     """Corpus 43 44 (rnd-43-050, vLLM 0.10, no-waiting variant: an oscillating episode that
     ended 682 s before the end, labelled healthy, paged oscillating): the Little's-law queue
