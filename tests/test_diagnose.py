@@ -1391,6 +1391,58 @@ def test_two_bumps_of_an_estimated_queue_are_no_held_queue() -> None:
     assert _estimated_queue_target(sigs, estimated=False).state is FailureMode.OSCILLATING
 
 
+_TRTLLM_SERVE_NAMES = frozenset({
+    "trtllm_generation_tokens_total", "trtllm_iteration_latency_seconds", "trtllm_kv_cache_max_blocks",
+    "trtllm_kv_cache_tokens_per_block", "trtllm_kv_cache_utilization", "trtllm_max_num_active_requests",
+    "trtllm_num_paused_requests", "trtllm_num_requests_waiting", "trtllm_prompt_tokens_total",
+    "trtllm_request_queue_time_seconds_count", "trtllm_request_queue_time_seconds_sum",
+    "trtllm_time_per_output_token_seconds_count", "trtllm_time_to_first_token_seconds_count"})
+
+
+def test_a_queue_time_mean_over_its_10_minute_window_is_no_recent_queue() -> None:
+    """Fresh corpus 127 128, every target perturbed (rnd-127-071, trtllm-serve without its
+    running gauge, labelled healthy: an oscillation episode that ended 17 minutes ago, paged
+    oscillating). Its queue gauge (the executor's) read 0 all along, so oscillation's recency
+    read the queue-time mean, allowing its last second up to 8 minutes old: "10 minutes less
+    the lag of its rate window". But a histogram mean is taken over the latency window (10
+    minutes), not the 2-minute rate window, so 8 minutes old meant a queue up to 18 minutes
+    back. The recency now subtracts the span the mean is actually taken over: a 10-minute mean
+    must still read half a second at the last sample (after an episode it decays to ~0 as the
+    window slides past it; an ongoing cycle's few queued requests hold it up)."""
+    kv = np.array([0.126, 0.115, 0.293, 0.199, 0.367, 0.205, 0.989, 0.981, 0.97, 0.96, 0.98, 0.801, 0.961, 0.989,
+                   0.962, 0.954, 0.979, 0.987, 0.285, 0.981, 0.987, 0.988, 0.966, 0.961, 0.143, 0.979, 0.99, 0.989,
+                   0.486, 0.278, 0.36, 0.202, 0.089, 0.257, 0.249, 0.071, 0.169, 0.301, 0.175, 0.246, 0.117, 0.086,
+                   0.165, 0.095, 0.383, 0.146, 0.147, 0.246, 0.218, 0.247, 0.191, 0.117, 0.136, 0.164, 0.225, 0.237,
+                   0.192, 0.198, 0.161, 0.331, 0.271])
+    qmean = np.repeat([0.0, 0.0, 0.0, 0.038, 2.88, 9.83, 17.091, 17.594, 22.15, 30.265, 30.534, 32.867, 38.177,
+                       38.737, 39.036, 35.734, 30.692, 31.08, 27.72, 19.233, 18.654, 14.421, 4.11, 3.265, 0.178,
+                       0.005, 0.0, 0.0, 0.0, 0.0], 2)
+    qmean = np.append(qmean, 0.0)  # the corpus series: a 10-minute mean, sampled every minute
+    sigs = base(kv_usage=kv, waiting=const(0.0), queue_mean=qmean, queue_p99=np.where(qmean > 1, 115.0, 0.3),
+                request_rate=np.where(kv > 0.9, 9.0, 5.0))
+    del sigs[Signal.RUNNING]
+    t = Target(TargetKey("trtllm", "serve"), "trtllm-serve", "trtllm", "m", names=_TRTLLM_SERVE_NAMES)
+    r = _diagnose_as(t, sigs, rate_window_s=120.0)
+    assert r.state is not FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+    # the same episode still in its window: the queue-time mean over the last 10 minutes
+    # is seconds now, so requests queued within them
+    late = {s: np.roll(v, 16) for s, v in sigs.items()}
+    r = _diagnose_as(t, late, rate_window_s=120.0)
+    assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+    # an oscillation still going on whose few queued requests keep the 10-minute mean between
+    # 0.7 and 1.9 s (held-out 121 122 rnd-122-075, 149 s cycle, no-running: 0.85 at the last
+    # sample, 1.0 a minute before): its mean has not decayed, so requests queued in the window
+    t_ = GRID - GRID[0]
+    swing = 0.5 + 0.45 * np.sin(2 * np.pi * t_ / 149)
+    ongoing = base(kv_usage=swing, waiting=const(0.0), request_rate=const(6.0),
+                   queue_mean=1.25 + 0.6 * np.sin(2 * np.pi * t_ / 1500) - np.where(t_ > 1500, 0.4, 0.0),
+                   queue_p99=const(9.0))
+    ongoing[Signal.QUEUE_MEAN][-1] = 0.85
+    del ongoing[Signal.RUNNING]
+    r = _diagnose_as(t, ongoing, rate_window_s=120.0)
+    assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
+
+
 def test_a_slice_behind_an_estimated_queue_of_short_waits_is_misread() -> None:
     """Fresh corpus 127 128, every target under every perturbation (rnd-128-008, vLLM 0.10,
     periodic load to 0.8x capacity; rnd-128-009, SGLang behind Ray, bursty): a slow slice

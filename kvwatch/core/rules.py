@@ -106,6 +106,10 @@ FACTS: dict[str, str] = {
     "queue_reach_s": "how long (s) the last queue reading must be past for the newest latency quantile to hold "
                      "no queued request: latency_reach_s, less the rate window where waiting is a Little's-law "
                      "estimate (it reads a wait when the request leaves the queue and holds it a rate window)",
+    "queue_mean_recency_s": "how old (s) the last queue-time mean reading a queue may be for that queue to lie "
+                            "within oscillating's 10-minute recency: 600 s less the span the mean is taken over (the "
+                            "latency window for a histogram mean, the rate window for Triton's counters); 0 from a "
+                            "10-minute span on (the mean must read it at the last sample)",
     "period": "dominant period of KV usage over the window, seconds",
     "period_minutes": "dominant period of KV usage over the window, minutes",
     "kv_cycles": "fill/drain cycles of KV usage (>=0.8 then <=0.4) over the window",

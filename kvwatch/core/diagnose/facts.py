@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from kvwatch.core.diagnose.view import TargetView
 from kvwatch.core.dialects import (
+    SourceKind,
+    resolve,
     tokens_counted_at_finish,
     waiting_counts_prefill,
     waiting_is_estimate,
     waiting_shows_stalls,
 )
+from kvwatch.core.signals import Signal
 from kvwatch.core.statistics.series import safe_ratio
+
+#: oscillating's recency (s): the pressure of the last 10 minutes is what the engine did, as
+#: the rule's queue-gauge branch reads it (``waiting.since_above(1) <= 600``)
+OSCILLATION_RECENCY_S = 600.0
 
 
 def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, float | None]:
@@ -48,6 +55,7 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "latency_reach_s": p.latency_reach_s,
         "latency_requests": _latency_requests(view),
         "queue_reach_s": p.latency_reach_s - _estimate_lag_s(view),
+        "queue_mean_recency_s": max(0.0, OSCILLATION_RECENCY_S - _queue_mean_span_s(view)),
         "period": period,
         "period_minutes": None if period is None else period / 60,
         "kv_cycles": None if cycles is None else float(cycles),
@@ -64,6 +72,18 @@ def _estimate_lag_s(view: TargetView) -> float:
     since a request's wait is counted when it leaves the queue; 0 behind a queue gauge."""
     if not waiting_is_estimate(view.target):
         return 0.0
+    return view.data.target_rate_window_s.get(view.key, view.data.rate_window_s)
+
+
+def _queue_mean_span_s(view: TargetView) -> float:
+    """The span (s) the target's queue-time mean averages over, so how long it still reads a
+    queue that ended: the latency window (and the sample's age) for a histogram mean, the rate
+    window for a counter ratio (Triton), none for a gauge (SGLang's last-batch latency)."""
+    src = resolve(view.target).get(Signal.QUEUE_MEAN)
+    if src is None or src.kind is SourceKind.GAUGE:
+        return 0.0
+    if src.kind is SourceKind.HIST_MEAN:
+        return view.p.latency_reach_s
     return view.data.target_rate_window_s.get(view.key, view.data.rate_window_s)
 
 
