@@ -1399,6 +1399,29 @@ _TRTLLM_SERVE_NAMES = frozenset({
     "trtllm_time_per_output_token_seconds_count", "trtllm_time_to_first_token_seconds_count"})
 
 
+def test_a_queue_the_gauge_cannot_see_is_still_a_persistent_queue() -> None:
+    """Fresh corpus 129 130, every target perturbed (rnd-130-037, trtllm-serve, a reservation
+    stall, `unknown` with its gauges): without `trtllm_num_requests_running` the queue reading
+    falls back to the executor's own queue, which reads 0 while requests wait in front of it,
+    and the pool read "healthy — no queue in 30 min" while requests spent 260 s in the queue
+    on average. The requests' own account (the queue-time mean, ≥ 1 s, and by Little's law at
+    least one request waiting on average) is a queue where the gauge shows none all window: a
+    persistent queue is never healthy, blindness is never health."""
+    names = _TRTLLM_SERVE_NAMES
+    sigs = base(kv_usage=0.4 + 0.22 * np.sin(np.arange(N)), waiting=const(0.0), queue_mean=const(260.0),
+                request_rate=const(1.1), queue_p99=const(400.0))
+    del sigs[Signal.RUNNING]
+    t = Target(TargetKey("trtllm", "stall"), "trtllm-serve", "trtllm", "m", names=names)
+    r = _diagnose_as(t, sigs, rate_window_s=120.0)
+    assert r.state is FailureMode.UNKNOWN, [(d.mode, d.rule_id, d.summary) for d in r.diagnoses]
+    assert "queue-time" in r.primary.summary, r.primary.summary
+    # a pool whose requests queue for a few milliseconds (its scheduler's own step) is no queue
+    sigs[Signal.QUEUE_MEAN] = const(0.004)
+    sigs[Signal.QUEUE_P99] = const(0.02)
+    r = _diagnose_as(t, sigs, rate_window_s=120.0)
+    assert r.state is not FailureMode.UNKNOWN, [(d.mode, d.rule_id, d.summary) for d in r.diagnoses]
+
+
 def test_a_queue_time_mean_over_its_10_minute_window_is_no_recent_queue() -> None:
     """Fresh corpus 127 128, every target perturbed (rnd-127-071, trtllm-serve without its
     running gauge, labelled healthy: an oscillation episode that ended 17 minutes ago, paged

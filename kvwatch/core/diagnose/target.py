@@ -25,7 +25,7 @@ from kvwatch.core.diagnose.verdicts import (
     mode_verdicts,
 )
 from kvwatch.core.diagnose.view import TargetView
-from kvwatch.core.dialects import DIALECT_BY_ID, kv_proxy
+from kvwatch.core.dialects import DIALECT_BY_ID, kv_proxy, waiting_is_estimate
 from kvwatch.core.models import (
     Condition,
     Diagnosis,
@@ -111,6 +111,34 @@ def _gap_as_before(view: TargetView, span_s: float) -> bool:
     trailing = len(st.v) - 1 - int(queued[-1])
     longest = int(np.diff(queued).max()) - 1 if len(queued) > 1 else 0  # empty samples between two queued ones
     return 0 < trailing <= longest
+
+
+#: seconds of queue per request (the queue-time mean) from which requests the queue gauge does
+#: not show count as queued: the same second the full and oscillating rules read where no gauge
+#: saw a queue (``no_gauge_queue``)
+HIDDEN_QUEUE_WAIT_S = 1.0
+
+
+def _hidden_queue_frac(view: TargetView, span_s: float) -> float | None:
+    """Share of the last ``span_s`` seconds in which requests queued by their own account while
+    the queue gauge showed no queue in the whole window: the queue-time mean ≥ 1 s and, by
+    Little's law, at least one request waiting on average (mean × finished requests/s ≥ 1).
+    An executor gauge is blind to a queue in front of it (trtllm-serve without its running
+    gauge reads only ``trtllm_num_requests_waiting``). None where the gauge saw a queue (it is
+    then read as is), where the queue is the Little's-law estimate (already this account), or
+    without a queue-time mean and a request rate."""
+    if waiting_is_estimate(view.target) or (view.stat("waiting", view.p.window_s, "max") or 0.0) >= 0.5:
+        return None
+    qm, rr = view.raw("queue_mean"), view.raw("request_rate")
+    if qm is None or rr is None:
+        return None
+    i0 = view._start(span_s)
+    q, r = qm[i0:], rr[i0:]
+    ok = np.isfinite(q) & np.isfinite(r)
+    if not ok.any():
+        return None
+    hit = ok & (q >= HIDDEN_QUEUE_WAIT_S) & (q * r >= 1.0)
+    return float(np.count_nonzero(hit) / np.count_nonzero(ok))
 
 
 def _undecided(view: TargetView, decision: StateDecision, structural: bool) -> Diagnosis:
@@ -291,7 +319,12 @@ def diagnose_target(
         # persistent (a single empty sample is not enough: the 60 s scrape that caught a drain;
         # nor is a gap the queue already made and refilled within the window)
         queue_frac = 0.0
-    decision = decide(modes, queue_frac)
+    hidden = _hidden_queue_frac(view, queue_span)
+    queue_note = ""
+    if hidden is not None and hidden > (queue_frac or 0.0):
+        queue_frac = hidden
+        queue_note = " by their queue-time histogram (the queue gauge shows none)"
+    decision = decide(modes, queue_frac, queue_note)
     if not_exported is not None and decision.state in (FailureMode.UNKNOWN, FailureMode.HEALTHY):
         dialect = DIALECT_BY_ID.get(view.target.dialect)
         return blind((dialect.blind_reason if dialect else "") or f"{not_exported.value} is not exported",

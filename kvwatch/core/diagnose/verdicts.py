@@ -86,9 +86,10 @@ def _why(modes: Sequence[ModeVerdict]) -> str:
     return "; ".join(parts)
 
 
-def decide(modes: Sequence[ModeVerdict], queue_frac: float | None) -> StateDecision:
+def decide(modes: Sequence[ModeVerdict], queue_frac: float | None, queue_note: str = "") -> StateDecision:
     """The target state from the mode verdicts (precedence order) and the fraction of the
-    last :data:`PERSISTENT_QUEUE_SPAN_S` with a queue (None: unknown)."""
+    last :data:`PERSISTENT_QUEUE_SPAN_S` with a queue (None: unknown); ``queue_note`` says how
+    that queue was read where not from the queue gauge."""
     pointing: list[ModeVerdict] = []
     for v in modes:
         if v.verdict is Verdict.MATCHED:
@@ -105,10 +106,10 @@ def decide(modes: Sequence[ModeVerdict], queue_frac: float | None) -> StateDecis
         blocking = tuple(sorted({s for v in undecided for s in v.blocking}))
         reason = _why(undecided)
         if queued:
-            reason += f"; requests queued in {queue_frac:.0%} of the last {PERSISTENT_QUEUE_SPAN_S / 60:g} minutes"
+            reason += f"; requests queued in {queue_frac:.0%} of the last {PERSISTENT_QUEUE_SPAN_S / 60:g} minutes{queue_note}"
         return StateDecision(FailureMode.UNKNOWN, reason, blocking, urgent=bool(pointing) or queued)
     if queued:
-        reason = (f"requests queued in {queue_frac:.0%} of the last {PERSISTENT_QUEUE_SPAN_S / 60:g} minutes "
+        reason = (f"requests queued in {queue_frac:.0%} of the last {PERSISTENT_QUEUE_SPAN_S / 60:g} minutes{queue_note} "
                   "but no failure-mode rule explains it")
         return StateDecision(FailureMode.UNKNOWN, reason, (), urgent=True)
     return StateDecision(FailureMode.HEALTHY)
