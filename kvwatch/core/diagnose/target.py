@@ -132,7 +132,7 @@ def _hidden_queue_frac(view: TargetView, span_s: float) -> float | None:
     qm, rr = view.raw("queue_mean"), view.raw("request_rate")
     if qm is None or rr is None:
         return None
-    i0 = view._start(span_s)
+    i0 = view.fleet.start(span_s)
     q, r = qm[i0:], rr[i0:]
     ok = np.isfinite(q) & np.isfinite(r)
     if not ok.any():
