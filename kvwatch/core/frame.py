@@ -60,6 +60,11 @@ class FleetData:
     def values(self, key: TargetKey, signal: Signal) -> np.ndarray | None:
         return self.series.get(key, {}).get(signal)
 
+    def rate_window(self, key: TargetKey) -> float:
+        """The rate window (s) ``key``'s counters were read with: its own where it is scraped
+        slower than the fleet, else the fleet's (0: not recorded)."""
+        return self.target_rate_window_s.get(key, self.rate_window_s)
+
     def put(self, key: TargetKey, signal: Signal, values: np.ndarray) -> None:
         self.series.setdefault(key, {})[signal] = values
 

@@ -72,7 +72,7 @@ def _estimate_lag_s(view: TargetView) -> float:
     since a request's wait is counted when it leaves the queue; 0 behind a queue gauge."""
     if not waiting_is_estimate(view.target):
         return 0.0
-    return view.data.target_rate_window_s.get(view.key, view.data.rate_window_s)
+    return view.data.rate_window(view.key)
 
 
 def _queue_mean_span_s(view: TargetView) -> float:
@@ -84,7 +84,7 @@ def _queue_mean_span_s(view: TargetView) -> float:
         return 0.0
     if src.kind is SourceKind.HIST_MEAN:
         return view.p.latency_reach_s
-    return view.data.target_rate_window_s.get(view.key, view.data.rate_window_s)
+    return view.data.rate_window(view.key)
 
 
 def _latency_requests(view: TargetView) -> float | None:
