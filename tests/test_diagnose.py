@@ -1466,6 +1466,38 @@ def test_a_queue_time_mean_over_its_10_minute_window_is_no_recent_queue() -> Non
     assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
 
 
+def test_a_recovered_episode_behind_a_10_minute_queue_time_mean_is_no_queue_now() -> None:
+    """The corpus series of rnd-127-071 (trtllm-serve without its running gauge, its executor's
+    queue gauge at 0 all along), rolled so the episode's queue-time mean decays 2 to 6 minutes
+    before the end: the pool recovered. Each sample of a histogram mean averages the 10 minutes
+    before it, so the last 10 minutes of samples read the queue of the last 20: the hidden-queue
+    share read "queued in 57-95 % of the last 10 minutes" and fragmented's "requests spend
+    seconds queued" (the mean's median) pointed at an admission stall undecidable without
+    running, `unknown` (a warning, an incident once it persists) after recovery. A reading
+    counts for the span it covers: only samples whose whole average lies in the last 10
+    minutes, and a stall must still show at the newest reading."""
+    kv = np.array([0.126, 0.115, 0.293, 0.199, 0.367, 0.205, 0.989, 0.981, 0.97, 0.96, 0.98, 0.801, 0.961, 0.989,
+                   0.962, 0.954, 0.979, 0.987, 0.285, 0.981, 0.987, 0.988, 0.966, 0.961, 0.143, 0.979, 0.99, 0.989,
+                   0.486, 0.278, 0.36, 0.202, 0.089, 0.257, 0.249, 0.071, 0.169, 0.301, 0.175, 0.246, 0.117, 0.086,
+                   0.165, 0.095, 0.383, 0.146, 0.147, 0.246, 0.218, 0.247, 0.191, 0.117, 0.136, 0.164, 0.225, 0.237,
+                   0.192, 0.198, 0.161, 0.331, 0.271])
+    qmean = np.append(np.repeat([0.0, 0.0, 0.0, 0.038, 2.88, 9.83, 17.091, 17.594, 22.15, 30.265, 30.534, 32.867,
+                                 38.177, 38.737, 39.036, 35.734, 30.692, 31.08, 27.72, 19.233, 18.654, 14.421, 4.11,
+                                 3.265, 0.178, 0.005, 0.0, 0.0, 0.0, 0.0], 2), 0.0)
+    sigs = base(kv_usage=kv, waiting=const(0.0), queue_mean=qmean, queue_p99=np.where(qmean > 1, 115.0, 0.3),
+                request_rate=np.where(kv > 0.9, 9.0, 5.0))
+    del sigs[Signal.RUNNING]
+    t = Target(TargetKey("trtllm", "serve"), "trtllm-serve", "trtllm", "m", names=_TRTLLM_SERVE_NAMES)
+    for shift in (4, 8, 12):  # the mean's last reading >= 1 s is 2, 4 and 6 minutes before the end
+        rolled = {s: np.roll(v, shift) for s, v in sigs.items()}
+        r = _diagnose_as(t, rolled, rate_window_s=120.0)
+        assert r.state is FailureMode.HEALTHY, (shift, [(d.mode, d.rule_id, d.summary) for d in r.diagnoses])
+    # a stall whose requests still queue seconds at the newest reading stays a queue
+    stalled = {**sigs, Signal.QUEUE_MEAN: const(40.0), Signal.KV_USAGE: const(0.45), Signal.REQUEST_RATE: const(5.0)}
+    r = _diagnose_as(t, stalled, rate_window_s=120.0)
+    assert r.state is not FailureMode.HEALTHY, [(d.mode, d.rule_id, d.summary) for d in r.diagnoses]
+
+
 def test_bursts_behind_an_estimated_queue_that_held_nobody_a_second_are_no_oscillation() -> None:
     """Fresh corpus 127 128, every target perturbed (rnd-128-072, vLLM 0.6, bursty load
     labelled healthy: nothing binds), paged oscillating without its waiting gauge: KV touched

@@ -117,6 +117,9 @@ def _gap_as_before(view: TargetView, span_s: float) -> bool:
 #: not show count as queued: the same second the full and oscillating rules read where no gauge
 #: saw a queue (``no_gauge_queue``)
 HIDDEN_QUEUE_WAIT_S = 1.0
+#: queue-time mean (s) at the newest reading under which the requests finishing now did not
+#: queue: the half second oscillating's recency reads in the same mean
+HIDDEN_QUEUE_CLEARED_S = 0.5
 
 
 def _hidden_queue_frac(view: TargetView, span_s: float) -> float | None:
@@ -124,9 +127,13 @@ def _hidden_queue_frac(view: TargetView, span_s: float) -> float | None:
     the queue gauge showed no queue in the whole window: the queue-time mean ≥ 1 s and, by
     Little's law, at least one request waiting on average (mean × finished requests/s ≥ 1).
     An executor gauge is blind to a queue in front of it (trtllm-serve without its running
-    gauge reads only ``trtllm_num_requests_waiting``). None where the gauge saw a queue (it is
-    then read as is), where the queue is the Little's-law estimate (already this account), or
-    without a queue-time mean and a request rate."""
+    gauge reads only ``trtllm_num_requests_waiting``). Each reading averages the span before it
+    (10 minutes for a histogram mean), so the readings of the last ``span_s`` still carry a
+    queue that ended before it: the queue is over (0) when the newest reading, the requests
+    that finished last, waited under :data:`HIDDEN_QUEUE_CLEARED_S` on average, as a gauge's
+    queue is when it read empty twice. None where the gauge saw a queue (it is then read as
+    is), where the queue is the Little's-law estimate (already this account), or without a
+    queue-time mean and a request rate."""
     if waiting_is_estimate(view.target) or (view.stat("waiting", view.p.window_s, "max") or 0.0) >= 0.5:
         return None
     qm, rr = view.raw("queue_mean"), view.raw("request_rate")
@@ -137,6 +144,8 @@ def _hidden_queue_frac(view: TargetView, span_s: float) -> float | None:
     ok = np.isfinite(q) & np.isfinite(r)
     if not ok.any():
         return None
+    if q[ok][-1] < HIDDEN_QUEUE_CLEARED_S:
+        return 0.0
     hit = ok & (q >= HIDDEN_QUEUE_WAIT_S) & (q * r >= 1.0)
     return float(np.count_nonzero(hit) / np.count_nonzero(ok))
 
@@ -323,7 +332,7 @@ def diagnose_target(
     queue_note = ""
     if hidden is not None and hidden > (queue_frac or 0.0):
         queue_frac = hidden
-        queue_note = " by their queue-time histogram (the queue gauge shows none)"
+        queue_note = " by their queue-time histogram (at least one waiting on average; the queue gauge shows none)"
     decision = decide(modes, queue_frac, queue_note)
     if not_exported is not None and decision.state in (FailureMode.UNKNOWN, FailureMode.HEALTHY):
         dialect = DIALECT_BY_ID.get(view.target.dialect)
