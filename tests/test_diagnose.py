@@ -1442,6 +1442,33 @@ def test_a_queue_the_gauge_cannot_see_is_still_a_persistent_queue() -> None:
     assert r.state is not FailureMode.UNKNOWN, [(d.mode, d.rule_id, d.summary) for d in r.diagnoses]
 
 
+def test_an_executor_queue_that_emptied_does_not_hide_the_queue_in_front_of_it() -> None:
+    """Fresh held-out 139 140 rnd-140-072 and 141 142 rnd-141-014 (trtllm-serve without its
+    running gauge, reservation stalls, labelled fragmented with requests queued all along):
+    the executor's queue gauge caught 5-43 requests for 4 minutes, 6 minutes before the end,
+    then 0, so the requests' own account was not read ("the gauge saw a queue") and the gauge's
+    emptied queue read "healthy, no queue for the last 6.0 min" while every request waited
+    320 s. An executor-only gauge sees part of the queue: the queue-time mean still counts while
+    it holds at its level (a recovered episode's mean decays as its requests finish out of the
+    window, and the gauge saw that queue end)."""
+    names = _TRTLLM_SERVE_NAMES
+    waiting = np.zeros(N)
+    waiting[-20:-12] = (5, 12, 33, 35, 30, 43, 36, 15)
+    sigs = base(kv_usage=0.4 + 0.05 * np.sin(np.arange(N)), waiting=waiting, queue_mean=const(320.0),
+                request_rate=const(3.0), queue_p99=const(477.0))
+    del sigs[Signal.RUNNING]
+    t = Target(TargetKey("trtllm", "serve"), "trtllm-serve", "trtllm", "m", names=names)
+    r = _diagnose_as(t, sigs, rate_window_s=120.0)
+    assert r.state is FailureMode.UNKNOWN, [(d.mode, d.rule_id, d.summary) for d in r.diagnoses]
+    assert "queue-time" in r.primary.summary, r.primary.summary
+    # the same gauge after an episode that ended: the mean decays from its peak as the
+    # requests that queued finish out of its 10-minute window
+    decaying = dict(sigs)
+    decaying[Signal.QUEUE_MEAN] = np.concatenate([const(320.0)[:-20], np.linspace(320.0, 40.0, 20)])
+    r = _diagnose_as(t, decaying, rate_window_s=120.0)
+    assert r.state is FailureMode.HEALTHY, [(d.mode, d.rule_id, d.summary) for d in r.diagnoses]
+
+
 def test_a_queue_time_mean_over_its_10_minute_window_is_no_recent_queue() -> None:
     """Fresh corpus 127 128, every target perturbed (rnd-127-071, trtllm-serve without its
     running gauge, labelled healthy: an oscillation episode that ended 17 minutes ago, paged

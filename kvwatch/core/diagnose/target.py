@@ -25,7 +25,7 @@ from kvwatch.core.diagnose.verdicts import (
     mode_verdicts,
 )
 from kvwatch.core.diagnose.view import TargetView
-from kvwatch.core.dialects import DIALECT_BY_ID, kv_proxy, waiting_is_estimate
+from kvwatch.core.dialects import DIALECT_BY_ID, kv_proxy, waiting_is_estimate, waiting_shows_stalls
 from kvwatch.core.models import (
     Condition,
     Diagnosis,
@@ -120,21 +120,30 @@ HIDDEN_QUEUE_WAIT_S = 1.0
 #: queue-time mean (s) at the newest reading under which the requests finishing now did not
 #: queue: the half second oscillating's recency reads in the same mean
 HIDDEN_QUEUE_CLEARED_S = 0.5
+#: share of its peak over the span the newest queue-time mean must still hold to count where an
+#: executor-only gauge saw a queue: the mean of a recovered episode decays as the requests that
+#: queued finish out of its window (and the gauge saw that queue end); a stall holds it level
+HIDDEN_QUEUE_HELD = 0.8
 
 
 def _hidden_queue_frac(view: TargetView, span_s: float) -> float | None:
-    """Share of the last ``span_s`` seconds in which requests queued by their own account while
-    the queue gauge showed no queue in the whole window: the queue-time mean ≥ 1 s and, by
-    Little's law, at least one request waiting on average (mean × finished requests/s ≥ 1).
-    An executor gauge is blind to a queue in front of it (trtllm-serve without its running
-    gauge reads only ``trtllm_num_requests_waiting``). Each reading averages the span before it
+    """Share of the last ``span_s`` seconds in which requests queued by their own account where
+    the queue gauge does not show them: the queue-time mean ≥ 1 s and, by Little's law, at
+    least one request waiting on average (mean × finished requests/s ≥ 1). The gauge misses
+    them where it showed no queue in the whole window, or where it counts the executor's queue
+    only and so is blind to the queue in front of it (trtllm-serve without its running gauge
+    reads only ``trtllm_num_requests_waiting``); where that gauge did see a queue, the mean
+    counts only while it holds :data:`HIDDEN_QUEUE_HELD` of its peak. Each reading averages the span before it
     (10 minutes for a histogram mean), so the readings of the last ``span_s`` still carry a
     queue that ended before it: the queue is over (0) when the newest reading, the requests
     that finished last, waited under :data:`HIDDEN_QUEUE_CLEARED_S` on average, as a gauge's
-    queue is when it read empty twice. None where the gauge saw a queue (it is then read as
-    is), where the queue is the Little's-law estimate (already this account), or without a
-    queue-time mean and a request rate."""
-    if waiting_is_estimate(view.target) or (view.stat("waiting", view.p.window_s, "max") or 0.0) >= 0.5:
+    queue is when it read empty twice. None where a gauge that counts the whole queue saw one
+    (it is then read as is), where the queue is the Little's-law estimate (already this
+    account), or without a queue-time mean and a request rate."""
+    if waiting_is_estimate(view.target):
+        return None
+    gauge_saw = (view.stat("waiting", view.p.window_s, "max") or 0.0) >= 0.5
+    if gauge_saw and waiting_shows_stalls(view.target):
         return None
     qm, rr = view.raw("queue_mean"), view.raw("request_rate")
     if qm is None or rr is None:
@@ -144,7 +153,8 @@ def _hidden_queue_frac(view: TargetView, span_s: float) -> float | None:
     ok = np.isfinite(q) & np.isfinite(r)
     if not ok.any():
         return None
-    if q[ok][-1] < HIDDEN_QUEUE_CLEARED_S:
+    newest = q[ok][-1]
+    if newest < HIDDEN_QUEUE_CLEARED_S or (gauge_saw and newest < HIDDEN_QUEUE_HELD * float(q[ok].max())):
         return 0.0
     hit = ok & (q >= HIDDEN_QUEUE_WAIT_S) & (q * r >= 1.0)
     return float(np.count_nonzero(hit) / np.count_nonzero(ok))
@@ -332,7 +342,7 @@ def diagnose_target(
     queue_note = ""
     if hidden is not None and hidden > (queue_frac or 0.0):
         queue_frac = hidden
-        queue_note = " by their queue-time histogram (at least one waiting on average; the queue gauge shows none)"
+        queue_note = " by their queue-time histogram (at least one waiting on average, more than the queue gauge shows)"
     decision = decide(modes, queue_frac, queue_note)
     if not_exported is not None and decision.state in (FailureMode.UNKNOWN, FailureMode.HEALTHY):
         dialect = DIALECT_BY_ID.get(view.target.dialect)
