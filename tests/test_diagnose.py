@@ -1419,6 +1419,30 @@ _TRTLLM_SERVE_NAMES = frozenset({
     "trtllm_time_per_output_token_seconds_count", "trtllm_time_to_first_token_seconds_count"})
 
 
+def _serve_without_running(**over: np.ndarray) -> tuple[Target, dict[Signal, np.ndarray]]:
+    """A trtllm-serve target without ``trtllm_num_requests_running`` (its queue gauge then reads
+    the executor's queue only) and its signals: :func:`base` with ``over``, running dropped."""
+    sigs = base(**over)
+    del sigs[Signal.RUNNING]
+    return Target(TargetKey("trtllm", "serve"), "trtllm-serve", "trtllm", "m", names=_TRTLLM_SERVE_NAMES), sigs
+
+
+def _rnd_127_071() -> tuple[Target, dict[Signal, np.ndarray]]:
+    """Fresh corpus 127 128 rnd-127-071 (trtllm-serve without running), its KV usage and its
+    queue-time mean (a 10-minute histogram mean, sampled every minute): an oscillation episode
+    that ended 17 minutes before the end, the executor's queue gauge at 0 all along."""
+    kv = np.array([0.126, 0.115, 0.293, 0.199, 0.367, 0.205, 0.989, 0.981, 0.97, 0.96, 0.98, 0.801, 0.961, 0.989,
+                   0.962, 0.954, 0.979, 0.987, 0.285, 0.981, 0.987, 0.988, 0.966, 0.961, 0.143, 0.979, 0.99, 0.989,
+                   0.486, 0.278, 0.36, 0.202, 0.089, 0.257, 0.249, 0.071, 0.169, 0.301, 0.175, 0.246, 0.117, 0.086,
+                   0.165, 0.095, 0.383, 0.146, 0.147, 0.246, 0.218, 0.247, 0.191, 0.117, 0.136, 0.164, 0.225, 0.237,
+                   0.192, 0.198, 0.161, 0.331, 0.271])
+    qmean = np.append(np.repeat([0.0, 0.0, 0.0, 0.038, 2.88, 9.83, 17.091, 17.594, 22.15, 30.265, 30.534, 32.867,
+                                 38.177, 38.737, 39.036, 35.734, 30.692, 31.08, 27.72, 19.233, 18.654, 14.421, 4.11,
+                                 3.265, 0.178, 0.005, 0.0, 0.0, 0.0, 0.0], 2), 0.0)
+    return _serve_without_running(kv_usage=kv, waiting=const(0.0), queue_mean=qmean,
+                                  queue_p99=np.where(qmean > 1, 115.0, 0.3), request_rate=np.where(kv > 0.9, 9.0, 5.0))
+
+
 def test_a_queue_the_gauge_cannot_see_is_still_a_persistent_queue() -> None:
     """Fresh corpus 129 130, every target perturbed (rnd-130-037, trtllm-serve, a reservation
     stall, `unknown` with its gauges): without `trtllm_num_requests_running` the queue reading
@@ -1427,11 +1451,8 @@ def test_a_queue_the_gauge_cannot_see_is_still_a_persistent_queue() -> None:
     on average. The requests' own account (the queue-time mean, ≥ 1 s, and by Little's law at
     least one request waiting on average) is a queue where the gauge shows none all window: a
     persistent queue is never healthy, blindness is never health."""
-    names = _TRTLLM_SERVE_NAMES
-    sigs = base(kv_usage=0.4 + 0.22 * np.sin(np.arange(N)), waiting=const(0.0), queue_mean=const(260.0),
-                request_rate=const(1.1), queue_p99=const(400.0))
-    del sigs[Signal.RUNNING]
-    t = Target(TargetKey("trtllm", "stall"), "trtllm-serve", "trtllm", "m", names=names)
+    t, sigs = _serve_without_running(kv_usage=0.4 + 0.22 * np.sin(np.arange(N)), waiting=const(0.0),
+                                     queue_mean=const(260.0), request_rate=const(1.1), queue_p99=const(400.0))
     r = _diagnose_as(t, sigs, rate_window_s=120.0)
     assert r.state is FailureMode.UNKNOWN, [(d.mode, d.rule_id, d.summary) for d in r.diagnoses]
     assert "queue-time" in r.primary.summary, r.primary.summary
@@ -1451,13 +1472,10 @@ def test_an_executor_queue_that_emptied_does_not_hide_the_queue_in_front_of_it()
     320 s. An executor-only gauge sees part of the queue: the queue-time mean still counts while
     it holds at its level (a recovered episode's mean decays as its requests finish out of the
     window, and the gauge saw that queue end)."""
-    names = _TRTLLM_SERVE_NAMES
     waiting = np.zeros(N)
     waiting[-20:-12] = (5, 12, 33, 35, 30, 43, 36, 15)
-    sigs = base(kv_usage=0.4 + 0.05 * np.sin(np.arange(N)), waiting=waiting, queue_mean=const(320.0),
-                request_rate=const(3.0), queue_p99=const(477.0))
-    del sigs[Signal.RUNNING]
-    t = Target(TargetKey("trtllm", "serve"), "trtllm-serve", "trtllm", "m", names=names)
+    t, sigs = _serve_without_running(kv_usage=0.4 + 0.05 * np.sin(np.arange(N)), waiting=waiting,
+                                     queue_mean=const(320.0), request_rate=const(3.0), queue_p99=const(477.0))
     r = _diagnose_as(t, sigs, rate_window_s=120.0)
     assert r.state is FailureMode.UNKNOWN, [(d.mode, d.rule_id, d.summary) for d in r.diagnoses]
     assert "queue-time" in r.primary.summary, r.primary.summary
@@ -1479,19 +1497,7 @@ def test_a_queue_time_mean_over_its_10_minute_window_is_no_recent_queue() -> Non
     back. The recency now subtracts the span the mean is actually taken over: a 10-minute mean
     must still read half a second at the last sample (after an episode it decays to ~0 as the
     window slides past it; an ongoing cycle's few queued requests hold it up)."""
-    kv = np.array([0.126, 0.115, 0.293, 0.199, 0.367, 0.205, 0.989, 0.981, 0.97, 0.96, 0.98, 0.801, 0.961, 0.989,
-                   0.962, 0.954, 0.979, 0.987, 0.285, 0.981, 0.987, 0.988, 0.966, 0.961, 0.143, 0.979, 0.99, 0.989,
-                   0.486, 0.278, 0.36, 0.202, 0.089, 0.257, 0.249, 0.071, 0.169, 0.301, 0.175, 0.246, 0.117, 0.086,
-                   0.165, 0.095, 0.383, 0.146, 0.147, 0.246, 0.218, 0.247, 0.191, 0.117, 0.136, 0.164, 0.225, 0.237,
-                   0.192, 0.198, 0.161, 0.331, 0.271])
-    qmean = np.repeat([0.0, 0.0, 0.0, 0.038, 2.88, 9.83, 17.091, 17.594, 22.15, 30.265, 30.534, 32.867, 38.177,
-                       38.737, 39.036, 35.734, 30.692, 31.08, 27.72, 19.233, 18.654, 14.421, 4.11, 3.265, 0.178,
-                       0.005, 0.0, 0.0, 0.0, 0.0], 2)
-    qmean = np.append(qmean, 0.0)  # the corpus series: a 10-minute mean, sampled every minute
-    sigs = base(kv_usage=kv, waiting=const(0.0), queue_mean=qmean, queue_p99=np.where(qmean > 1, 115.0, 0.3),
-                request_rate=np.where(kv > 0.9, 9.0, 5.0))
-    del sigs[Signal.RUNNING]
-    t = Target(TargetKey("trtllm", "serve"), "trtllm-serve", "trtllm", "m", names=_TRTLLM_SERVE_NAMES)
+    t, sigs = _rnd_127_071()
     r = _diagnose_as(t, sigs, rate_window_s=120.0)
     assert r.state is not FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
     # the same episode still in its window: the queue-time mean over the last 10 minutes
@@ -1504,11 +1510,10 @@ def test_a_queue_time_mean_over_its_10_minute_window_is_no_recent_queue() -> Non
     # sample, 1.0 a minute before): its mean has not decayed, so requests queued in the window
     t_ = GRID - GRID[0]
     swing = 0.5 + 0.45 * np.sin(2 * np.pi * t_ / 149)
-    ongoing = base(kv_usage=swing, waiting=const(0.0), request_rate=const(6.0),
-                   queue_mean=1.25 + 0.6 * np.sin(2 * np.pi * t_ / 1500) - np.where(t_ > 1500, 0.4, 0.0),
-                   queue_p99=const(9.0))
+    _, ongoing = _serve_without_running(
+        kv_usage=swing, waiting=const(0.0), request_rate=const(6.0), queue_p99=const(9.0),
+        queue_mean=1.25 + 0.6 * np.sin(2 * np.pi * t_ / 1500) - np.where(t_ > 1500, 0.4, 0.0))
     ongoing[Signal.QUEUE_MEAN][-1] = 0.85
-    del ongoing[Signal.RUNNING]
     r = _diagnose_as(t, ongoing, rate_window_s=120.0)
     assert r.state is FailureMode.OSCILLATING, [(d.mode, d.rule_id) for d in r.diagnoses]
 
@@ -1520,21 +1525,11 @@ def test_a_recovered_episode_behind_a_10_minute_queue_time_mean_is_no_queue_now(
     before it, so the last 10 minutes of samples read the queue of the last 20: the hidden-queue
     share read "queued in 57-95 % of the last 10 minutes" and fragmented's "requests spend
     seconds queued" (the mean's median) pointed at an admission stall undecidable without
-    running, `unknown` (a warning, an incident once it persists) after recovery. A reading
-    counts for the span it covers: only samples whose whole average lies in the last 10
-    minutes, and a stall must still show at the newest reading."""
-    kv = np.array([0.126, 0.115, 0.293, 0.199, 0.367, 0.205, 0.989, 0.981, 0.97, 0.96, 0.98, 0.801, 0.961, 0.989,
-                   0.962, 0.954, 0.979, 0.987, 0.285, 0.981, 0.987, 0.988, 0.966, 0.961, 0.143, 0.979, 0.99, 0.989,
-                   0.486, 0.278, 0.36, 0.202, 0.089, 0.257, 0.249, 0.071, 0.169, 0.301, 0.175, 0.246, 0.117, 0.086,
-                   0.165, 0.095, 0.383, 0.146, 0.147, 0.246, 0.218, 0.247, 0.191, 0.117, 0.136, 0.164, 0.225, 0.237,
-                   0.192, 0.198, 0.161, 0.331, 0.271])
-    qmean = np.append(np.repeat([0.0, 0.0, 0.0, 0.038, 2.88, 9.83, 17.091, 17.594, 22.15, 30.265, 30.534, 32.867,
-                                 38.177, 38.737, 39.036, 35.734, 30.692, 31.08, 27.72, 19.233, 18.654, 14.421, 4.11,
-                                 3.265, 0.178, 0.005, 0.0, 0.0, 0.0, 0.0], 2), 0.0)
-    sigs = base(kv_usage=kv, waiting=const(0.0), queue_mean=qmean, queue_p99=np.where(qmean > 1, 115.0, 0.3),
-                request_rate=np.where(kv > 0.9, 9.0, 5.0))
-    del sigs[Signal.RUNNING]
-    t = Target(TargetKey("trtllm", "serve"), "trtllm-serve", "trtllm", "m", names=_TRTLLM_SERVE_NAMES)
+    running, `unknown` (a warning, an incident once it persists) after recovery. The newest
+    reading, the requests that finished last, says whether they still queue: under half a
+    second the queue is over (as a gauge's is when it read empty twice), and a stall must
+    still show a second there."""
+    t, sigs = _rnd_127_071()
     for shift in (4, 8, 12):  # the mean's last reading >= 1 s is 2, 4 and 6 minutes before the end
         rolled = {s: np.roll(v, shift) for s, v in sigs.items()}
         r = _diagnose_as(t, rolled, rate_window_s=120.0)

@@ -133,13 +133,13 @@ def _hidden_queue_frac(view: TargetView, span_s: float) -> float | None:
     them where it showed no queue in the whole window, or where it counts the executor's queue
     only and so is blind to the queue in front of it (trtllm-serve without its running gauge
     reads only ``trtllm_num_requests_waiting``); where that gauge did see a queue, the mean
-    counts only while it holds :data:`HIDDEN_QUEUE_HELD` of its peak. Each reading averages the span before it
-    (10 minutes for a histogram mean), so the readings of the last ``span_s`` still carry a
-    queue that ended before it: the queue is over (0) when the newest reading, the requests
-    that finished last, waited under :data:`HIDDEN_QUEUE_CLEARED_S` on average, as a gauge's
-    queue is when it read empty twice. None where a gauge that counts the whole queue saw one
-    (it is then read as is), where the queue is the Little's-law estimate (already this
-    account), or without a queue-time mean and a request rate."""
+    counts only while it holds :data:`HIDDEN_QUEUE_HELD` of its peak. Each reading averages
+    the span before it (10 minutes for a histogram mean), so the readings of the last
+    ``span_s`` still carry a queue that ended before it: the queue is over (0) when the newest
+    reading, the requests that finished last, waited under :data:`HIDDEN_QUEUE_CLEARED_S` on
+    average, as a gauge's queue is when it read empty twice. None where a gauge that counts
+    the whole queue saw one (it is then read as is), where the queue is the Little's-law
+    estimate (already this account), or without a queue-time mean and a request rate."""
     if waiting_is_estimate(view.target):
         return None
     gauge_saw = (view.stat("waiting", view.p.window_s, "max") or 0.0) >= 0.5
