@@ -50,6 +50,10 @@ CASES: dict[str, tuple[str, str, tuple[str, ...], tuple[Signal, ...]]] = {
         ("nv_llm_output_token_len", "nv_llm_input_token_len", "nv_inference_request_success"),
         (Signal.GEN_TPS, Signal.PROMPT_TPS, Signal.REQUEST_RATE),
     ),
+    # the Dynamo frontend without its request counter: finished requests from the request-duration
+    # histogram's count (and with them the part of the prefill-counting queue gauge a within-SLO
+    # prefill holds: without a rate, prefill read as a queue; full-share probe 143 144 rnd-143-058)
+    "dynamo-frontend": ("healthy-busy", "dynamo-frontend", ("dynamo_frontend_requests",), (Signal.REQUEST_RATE,)),
     # a queue gauge dropped (relabelling, an exporter without it): the queue-time histogram
     # still says how many requests wait on average (Little's law), on a pool that queues
     "vllm-0.33 no waiting": ("idle-batch-limited", "vllm-0.33",

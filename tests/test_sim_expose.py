@@ -87,7 +87,7 @@ EXPECTED[Dialect.TGI] = {f"tgi_{n}" for n in (
     "request_success", "request_failure", "request_queue_duration", "request_mean_time_per_token_duration",
     "request_duration", "request_input_length", "request_generated_tokens", "batch_inference_count")}
 EXPECTED[Dialect.DYNAMO_FRONTEND] = {f"dynamo_frontend_{n}" for n in (
-    "inflight_requests", "queued_requests", "requests_total", "output_tokens_total", "time_to_first_token_seconds",
+    "inflight_requests", "queued_requests", "requests_total", "request_duration_seconds", "output_tokens_total", "time_to_first_token_seconds",
     "inter_token_latency_seconds", "input_sequence_tokens", "model_total_kv_blocks", "model_kv_cache_block_size",
     "model_max_num_seqs", "worker_active_decode_blocks")}
 EXPECTED[Dialect.DYNAMO_WORKER] = {f"dynamo_component_{n}" for n in (

@@ -38,6 +38,10 @@ def frontend(views: Sequence[EngineView], model_name: str) -> list[Family]:
                   (*lb, ("request_type", "stream"), ("status", status)), value)
     f.counter("dynamo_frontend_output_tokens_total", "Total number of output tokens generated", lb,
               c["generation_tokens"])
+    # end-to-end duration of each finished request (ai-dynamo/dynamo lib/llm/src/http/service/metrics.rs
+    # `request_duration`); the buckets are the simulator's, its count is what kvwatch reads
+    f.histogram("dynamo_frontend_request_duration_seconds", "Duration of LLM requests", lb, view, "e2e",
+                B.VLLM_LATENCY)
     f.histogram("dynamo_frontend_time_to_first_token_seconds", "Time to first token in seconds", lb, view, "ttft",
                 B.VLLM_TTFT)
     f.histogram("dynamo_frontend_inter_token_latency_seconds", "Inter-token latency in seconds", lb, view, "itl",

@@ -57,7 +57,11 @@ def dynamo_frontend_sources() -> dict[Signal, tuple[Source, ...]]:
             Signal.ITL_P99: Source(HQ, f"{p}inter_token_latency_seconds", quantile=0.99),
             Signal.GEN_TPS: Source(C, f"{p}output_tokens_total", agg="sum"),
             Signal.PROMPT_TPS: Source(C, f"{p}input_sequence_tokens_sum", agg="sum"),
-            Signal.REQUEST_RATE: Source(C, f"{p}requests_total", agg="sum"),
+            Signal.REQUEST_RATE: (
+                Source(C, f"{p}requests_total", agg="sum"),
+                Source(C, f"{p}request_duration_seconds_count", agg="sum",
+                       estimate="finished requests/s from the request-duration histogram count"),
+            ),
             Signal.ABORT_RATE: Source(C, f"{p}requests_total", 'status="error"', agg="sum"),
             Signal.MAX_RUNNING: Source(
                 X, f"{p}model_max_num_seqs",
