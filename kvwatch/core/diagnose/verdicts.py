@@ -104,14 +104,12 @@ def decide(modes: Sequence[ModeVerdict], queue_frac: float | None, queue_note: s
             pointing.append(v)
     undecided = [v for v in modes if v.verdict is Verdict.UNDECIDABLE]
     queued = queue_frac is not None and queue_frac > PERSISTENT_QUEUE_FRAC
+    queue = (f"requests queued in {queue_frac:.0%} of the last {PERSISTENT_QUEUE_SPAN_S / 60:g} minutes{queue_note}"
+             if queued else "")
     if undecided:
         blocking = tuple(sorted({s for v in undecided for s in v.blocking}))
-        reason = _why(undecided)
-        if queued:
-            reason += f"; requests queued in {queue_frac:.0%} of the last {PERSISTENT_QUEUE_SPAN_S / 60:g} minutes{queue_note}"
+        reason = _why(undecided) + (f"; {queue}" if queued else "")
         return StateDecision(FailureMode.UNKNOWN, reason, blocking, urgent=bool(pointing) or queued)
     if queued:
-        reason = (f"requests queued in {queue_frac:.0%} of the last {PERSISTENT_QUEUE_SPAN_S / 60:g} minutes{queue_note} "
-                  "but no failure-mode rule explains it")
-        return StateDecision(FailureMode.UNKNOWN, reason, (), urgent=True)
+        return StateDecision(FailureMode.UNKNOWN, f"{queue} but no failure-mode rule explains it", (), urgent=True)
     return StateDecision(FailureMode.HEALTHY)
