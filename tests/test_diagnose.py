@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -2750,3 +2752,34 @@ def test_a_stall_without_a_queue_gauge_is_no_lifted_limit_when_its_last_running_
     del sigs[Signal.WAITING]
     r = run({"t": sigs})["t"]
     assert r.state is FailureMode.FRAGMENTED, (r.state, [(d.mode, d.rule_id) for d in r.diagnoses])
+
+
+def _capped_cycle_with_a_queue_caught_at_three_peaks(waiting_at_peaks: float) -> dict[Signal, np.ndarray]:
+    """Held-out 145 146 rnd-146-052 (vLLM v0, max_num_seqs 16, arrivals pulsing every ~5 min): the
+    batch fills to its ceiling and drains to 0-1 each period while the huge pool barely moves (KV
+    under 1 %); the queue gauge catches 1-7 requests in one scrape at three peaks, requests queued
+    2.1 s at p99."""
+    running = [14, 14, 10, 3, 1, 1, 0, 5, 9, 10, 10, 6, 8, 2, 1, 1, 1, 5, 6, 9, 16, 16, 7, 6, 0, 0, 1, 0, 8, 10, 10,
+               7, 6, 5, 1, 1, 2, 2, 3, 14, 16, 8, 5, 4, 2, 0, 0, 7, 8, 10, 14, 8, 8, 4, 1, 2, 1, 6, 11, 16, 7]
+    peaks = np.zeros(N)
+    peaks[[20, 21, 40, 59]] = [1, 2, 1, 7]
+    rate = 1.25 + 0.9 * np.sin(2 * np.pi * (GRID - GRID[0]) / 297.0)
+    kv = np.array(running, dtype=float) * 0.0003
+    return base(kv_usage=kv, running=np.array(running, dtype=float), waiting=peaks * waiting_at_peaks,
+                request_rate=rate, gen_tps=110 * rate, prompt_tps=150 * rate, ttft_p50=const(0.01),
+                ttft_p99=const(2.4), ttft_mean=const(0.18), queue_p99=const(2.13) * (waiting_at_peaks > 0) + 0.5,
+                queue_mean=const(0.17), kv_capacity_tokens=const(959_728))
+
+
+def test_a_capped_batch_cycle_whose_pool_barely_moves_has_a_period() -> None:
+    """Issue 11 item 4, held-out rnd-146-052 (read idle/low_demand): the cycle's period was read
+    from KV usage only, which moves 0-0.7 % here, so the "queue caught at three peaks with a
+    period" evidence had no period. Where the pool does not swing, the batch's fill and drain
+    carries the period."""
+    r = diagnose_one(_capped_cycle_with_a_queue_caught_at_three_peaks(1.0))
+    assert r.state is FailureMode.OSCILLATING, r.primary
+    period = re.search(r"period ≈([0-9.]+) min", r.primary.summary)
+    assert period is not None and 4.5 <= float(period.group(1)) <= 5.5, r.primary.summary
+    # converse: the same batch cycle with nobody ever waiting is the arrivals' own pulse
+    r = diagnose_one(_capped_cycle_with_a_queue_caught_at_three_peaks(0.0))
+    assert r.state is not FailureMode.OSCILLATING, r.primary

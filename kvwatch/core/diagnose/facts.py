@@ -37,6 +37,12 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
     swinging = (view.stat("kv_usage", w, "std") or 0.0) >= 0.05
     ws = view.stats("kv_usage", w) if swinging else None
     period = ws.period if ws is not None and (ws.periodicity or 0) >= 0.2 else None
+    if period is None and not swinging:
+        # a small max_num_seqs carries the cycle while a huge pool barely moves: the batch's
+        # fill and drain has the period then (held-out rnd-146-052, KV under 1 %)
+        rs = view.stats("running", w)
+        if rs is not None and (rs.fill_drain() or 0) >= 2 and (rs.periodicity or 0) >= 0.2:
+            period = rs.period
     cycles = ws.cycles(0.8, 0.4) if ws is not None else (0 if view.stat("kv_usage", w, "count") else None)
     return {
         "capacity_tokens": cap,
