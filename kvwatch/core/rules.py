@@ -110,7 +110,8 @@ FACTS: dict[str, str] = {
                             "within oscillating's 10-minute recency: 600 s less the span the mean is taken over (the "
                             "latency window for a histogram mean, the rate window for Triton's counters); 0 from a "
                             "10-minute span on (the mean must read it at the last sample)",
-    "period": "dominant period of KV usage (of running where KV barely moves) over the window, seconds",
+    "period": "dominant period of KV usage (of running where KV barely moves) over the window, seconds; "
+              "none above half the window (two cycles at least)",
     "period_minutes": "dominant period of KV usage (of running where KV barely moves), minutes",
     "kv_cycles": "fill/drain cycles of KV usage (>=0.8 then <=0.4) over the window",
     "capacity_requests": "average-size requests the whole pool holds",

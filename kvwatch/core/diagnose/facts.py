@@ -43,6 +43,10 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         rs = view.stats("running", w)
         if rs is not None and (rs.fill_drain() or 0) >= 2 and (rs.periodicity or 0) >= 0.2:
             period = rs.period
+    if period is not None and period > w / 2:
+        # the periodogram's lowest bins (the whole window, half of it) are a trend or one
+        # drain, not a cycle: a period needs two of its cycles in the window (rnd-153-022)
+        period = None
     cycles = ws.cycles(0.8, 0.4) if ws is not None else (0 if view.stat("kv_usage", w, "count") else None)
     return {
         "capacity_tokens": cap,
