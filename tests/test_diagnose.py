@@ -2811,3 +2811,27 @@ def test_a_refill_pinned_for_ten_minutes_after_one_drain_is_full_not_a_cycle() -
     # two drains 24 minutes apart are no period the 30-minute window can show: the periodogram's
     # lowest bin (the window itself, "≈30.5 min") is not named as the cycle's period
     assert "period" not in r.primary.summary, r.primary.summary
+
+
+def test_a_typical_first_token_over_the_slo_is_never_healthy() -> None:
+    """Held-out 167 168 rnd-168-000 (vLLM 0.10, compute-bound by mechanism: TTFT p50 2.7 s
+    against a 2 s SLO, no queue, no preemption) read "healthy, no failure-mode signature":
+    its KV p90 over the scrapes was 50.7 %, just over compute-bound's 50 %, so every mode was
+    decided false. A pool whose typical request breaks the SLO is not healthy whatever
+    rule missed it: `unknown`, saying so, as a persistent queue is."""
+    k = np.arange(N)
+    sigs = base(kv_usage=0.38 + 0.15 * np.sin(k / 3.0), running=const(6), ttft_p50=const(2.85),
+                ttft_p99=const(7.4), ttft_mean=const(3.5), request_rate=const(0.6), gen_tps=const(180))
+    r = diagnose_one(sigs)
+    assert all(v.verdict is Verdict.NOT_MATCHED for v in r.modes), r.modes
+    assert r.state is FailureMode.UNKNOWN, r.primary
+    assert r.primary is not None and "first token" in r.primary.summary, r.primary.summary
+    assert "no failure-mode rule explains it" in r.primary.summary, r.primary.summary
+    # converse: typical requests within the SLO (a tail only) stay healthy on the same pool
+    r = diagnose_one(sigs | {Signal.TTFT_P50: const(0.4), Signal.TTFT_P99: const(1.5), Signal.TTFT_MEAN: const(0.5)})
+    assert r.state is FailureMode.HEALTHY, r.primary
+    # nor is an episode's tail the 10-minute quantiles still carry after its queue drained
+    waiting = np.where(k < N - 12, 40.0, 0.0)
+    r = diagnose_one(sigs | {Signal.WAITING: waiting, Signal.TTFT_P50: np.where(k < N - 2, 2.85, 0.3)})
+    assert r.state is not FailureMode.UNKNOWN or "first token" not in (r.primary.summary if r.primary else ""), \
+        r.primary

@@ -9,8 +9,9 @@ none matched" lives here and nowhere else.
 * The state is the first matched mode in precedence order — unless a higher-precedence
   mode is undecidable while the known evidence points to it (KV pinned but the pressure
   signals are missing; a queue but progress unknown): then ``unknown``.
-* No mode matched: ``unknown`` if any mode is undecidable, or if requests queue
-  persistently (a persistent queue is never healthy); otherwise ``healthy``.
+* No mode matched: ``unknown`` if any mode is undecidable, if requests queue
+  persistently (a persistent queue is never healthy), or if the typical request's first
+  token breaks the SLO without a queue; otherwise ``healthy``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ PERSISTENT_QUEUE_FRAC = 0.25
 #: span of the persistent-queue check, s: recent, so a queue that ended with a recovered
 #: episode does not linger as an after-effect over the whole 30-minute window
 PERSISTENT_QUEUE_SPAN_S = 600.0
+
+#: span of the slow-first-token check, s: compute-bound's own 10 minutes of TTFT quantiles
+TTFT_NET_SPAN_S = 600.0
 
 #: how long the queue must have been empty, s, before a queue that was persistent counts as
 #: over (an after-effect of a recovered episode), when the scrape interval is unknown; with it
@@ -88,10 +92,13 @@ def _why(modes: Sequence[ModeVerdict]) -> str:
     return "; ".join(parts)
 
 
-def decide(modes: Sequence[ModeVerdict], queue_frac: float | None, queue_note: str = "") -> StateDecision:
+def decide(modes: Sequence[ModeVerdict], queue_frac: float | None, queue_note: str = "",
+           slow_first_token: str = "") -> StateDecision:
     """The target state from the mode verdicts (precedence order) and the fraction of the
     last :data:`PERSISTENT_QUEUE_SPAN_S` with a queue (None: unknown); ``queue_note`` says how
-    that queue was read where not from the queue gauge."""
+    that queue was read where not from the queue gauge. ``slow_first_token`` (empty: no) says
+    the typical request breaks the TTFT SLO without a queue: like a persistent queue, never
+    healthy."""
     pointing: list[ModeVerdict] = []
     for v in modes:
         if v.verdict is Verdict.MATCHED:
@@ -112,4 +119,7 @@ def decide(modes: Sequence[ModeVerdict], queue_frac: float | None, queue_note: s
         return StateDecision(FailureMode.UNKNOWN, reason, blocking, urgent=bool(pointing) or queued)
     if queued:
         return StateDecision(FailureMode.UNKNOWN, f"{queue} but no failure-mode rule explains it", (), urgent=True)
+    if slow_first_token:
+        return StateDecision(FailureMode.UNKNOWN, f"{slow_first_token} but no failure-mode rule explains it", (),
+                             urgent=True)
     return StateDecision(FailureMode.HEALTHY)
