@@ -20,7 +20,6 @@ from kvwatch.core.diagnose.fleetrules import Outcome
 from kvwatch.core.diagnose.verdicts import (
     PERSISTENT_QUEUE_SPAN_S,
     QUEUE_CLEARED_S,
-    TTFT_NET_SPAN_S,
     StateDecision,
     decide,
     mode_verdicts,
@@ -161,16 +160,16 @@ def _hidden_queue_frac(view: TargetView, span_s: float) -> float | None:
     return float(np.count_nonzero(hit) / np.count_nonzero(ok))
 
 
-def _slow_first_token(view: TargetView) -> str:
+def _slow_first_token(view: TargetView, span: float) -> str:
     """Why the typical request is slow where nothing queues ("" when it is not, or cannot be told).
 
-    The TTFT median over the last 10 minutes and its newest reading both at or over the SLO,
+    The TTFT median over the last ``span`` seconds (the persistent-queue net's recent span) and
+    its newest reading both at or over the SLO,
     established by the histogram (a median in the SLO's own bucket is not), with nobody waiting
     and nothing preempted over the whole window: the 10-minute quantiles of a recovered episode
     carry its queue's wait, which is that episode's after-effect, not the pool's latency.
     """
     p = view.p
-    span = min(TTFT_NET_SPAN_S, p.window_s)
     med = view.stat("ttft_p50", span, "median")
     last = view.stat("ttft_p50", span, "last")
     if med is None or last is None or min(med, last) < p.ttft_slo_s:
@@ -366,7 +365,7 @@ def diagnose_target(
     if hidden is not None and hidden > (queue_frac or 0.0):
         queue_frac = hidden
         queue_note = " by their queue-time histogram (at least one waiting on average, more than the queue gauge shows)"
-    decision = decide(modes, queue_frac, queue_note, _slow_first_token(view))
+    decision = decide(modes, queue_frac, queue_note, _slow_first_token(view, queue_span))
     if not_exported is not None and decision.state in (FailureMode.UNKNOWN, FailureMode.HEALTHY):
         dialect = DIALECT_BY_ID.get(view.target.dialect)
         return blind((dialect.blind_reason if dialect else "") or f"{not_exported.value} is not exported",

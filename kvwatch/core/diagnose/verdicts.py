@@ -30,9 +30,6 @@ PERSISTENT_QUEUE_FRAC = 0.25
 #: episode does not linger as an after-effect over the whole 30-minute window
 PERSISTENT_QUEUE_SPAN_S = 600.0
 
-#: span of the slow-first-token check, s: compute-bound's own 10 minutes of TTFT quantiles
-TTFT_NET_SPAN_S = 600.0
-
 #: how long the queue must have been empty, s, before a queue that was persistent counts as
 #: over (an after-effect of a recovered episode), when the scrape interval is unknown; with it
 #: known, two scrape intervals (and two steps). One empty sample is a drain caught by the last
