@@ -2835,3 +2835,34 @@ def test_a_typical_first_token_over_the_slo_is_never_healthy() -> None:
     r = diagnose_one(sigs | {Signal.WAITING: waiting, Signal.TTFT_P50: np.where(k < N - 2, 2.85, 0.3)})
     assert r.state is not FailureMode.UNKNOWN or "first token" not in (r.primary.summary if r.primary else ""), \
         r.primary
+
+
+def test_waves_whose_queue_empties_at_every_trough_are_a_cycle_not_a_refill_that_never_ended() -> None:
+    """Held-out 173 174 rnd-173-041 (SGLang 0.5, labelled oscillating by mechanism: waves of
+    up to 1,600 waiting every 5.5 minutes, KV pressure at each peak) read `full`: each trough
+    lasts one scrape, and the last dip, 6 minutes ago, stayed at 51 %, so the "refill that never
+    ended" exclusion (rnd-153-022: one drain, then the pool pinned 10 minutes or more is full)
+    took the fourth wave for a pool that stopped draining. A refill is one after at most one
+    drain, or one whose queue has not emptied for 10 minutes (oscillating's own stall clause);
+    a fourth peak whose queue emptied 6 minutes ago is the cycle's next."""
+    kv = [0.992, 0.983, 0.998, 0.98, 0.994, 0.469, 0.969, 1, 0.96, 0.981, 0.992, 0.993, 0.985, 0.988, 0.959, 0.262,
+          0.612, 0.996, 0.997, 0.996, 0.964, 0.998, 0.999, 0.999, 0.966, 0.972, 0.247, 0.641, 0.999, 0.981, 0.995,
+          0.991, 1, 0.872, 0.99, 0.991, 0.998, 0.966, 0.338, 1, 0.962, 0.995, 0.973, 0.985, 0.985, 0.982, 0.993, 0.94,
+          0.985, 0.512, 0.986, 0.977, 0.999, 0.991, 1, 0.997, 0.997, 0.986, 0.991, 0.98, 0.999]
+    waiting = [1580, 1400, 979, 552, 148, 0, 67, 405, 823, 1230, 1480, 1480, 1270, 877, 381, 0, 0, 27, 340, 819, 1240,
+               1460, 1470, 1220, 814, 301, 0, 0, 67, 359, 791, 1170, 1410, 1440, 1250, 869, 408, 0, 0, 50, 443, 846,
+               1330, 1570, 1580, 1390, 1010, 542, 161, 0, 99, 410, 886, 1320, 1570, 1610, 1430, 1060, 596, 225, 54]
+    running = [95, 58, 88, 85, 62, 43, 82, 70, 66, 85, 94, 102, 64, 67, 73, 23, 48, 79, 79, 81, 66, 83, 81, 94, 76, 76,
+               23, 46, 85, 81, 103, 100, 88, 86, 77, 75, 82, 111, 33, 95, 85, 82, 88, 83, 87, 75, 86, 86, 92, 41, 68, 76,
+               87, 84, 74, 92, 75, 63, 66, 97, 96]
+    sigs = base(kv_usage=np.array(kv), waiting=np.array(waiting, dtype=float), running=np.array(running, dtype=float),
+                request_rate=const(17.4), gen_tps=const(1480), ttft_p50=const(30.0), ttft_p99=const(90.0),
+                ttft_mean=const(40.0))
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.OSCILLATING, r.primary
+    # converse: the same waves whose queue has not emptied since the dip 11 minutes ago (held at
+    # 40 or more through the last troughs) is a limit that binds all along: full
+    held = np.array(waiting, dtype=float)
+    held[-22:] = np.maximum(held[-22:], 40.0)
+    r = diagnose_one(sigs | {Signal.WAITING: held})
+    assert r.state is FailureMode.FULL, r.primary
