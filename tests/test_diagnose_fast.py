@@ -284,3 +284,44 @@ def test_simulated_engines_are_diagnosed_identically(rules: RuleSet, source: str
         check_identical(targets, data, rules, params)  # with the extra rules
         states.update(r.state.value for r in check_identical(targets, data, BUNDLED, params))
     assert len(states) >= 5, states
+
+
+def test_explain_finds_no_evidence_in_siblings_a_short_circuit_skips(tmp_path: Path) -> None:
+    """`kvwatch explain` walks every condition to show it, including the siblings after a
+    child that already decided its group. A met leaf there (under `not` twice, so it reads as
+    support) once counted as "the known evidence points to the rule": an undecidable rule then
+    pointed in explain but not in the service, and explain called the target `unknown` where
+    the service said `oscillating` (random fleet 4 of the test above, once the refill clause
+    gained an `any`). What a short circuit skips is recorded, never evidence."""
+    f = tmp_path / "rules.yaml"
+    f.write_text("""
+version: 1
+rules:
+  - id: full-skipped-sibling
+    mode: full
+    severity: critical
+    description: d
+    summary: s
+    when:
+      all:
+        - {signal: waiting, stat: min, op: ">=", value: 1}
+        - not:
+            all:
+              - {signal: gen_tps, stat: last, op: ">", value: 1.0e9}
+              - not: {signal: gen_tps, stat: last, op: ">", value: 0}
+    triage: ["t"]
+""")
+    rules = load_ruleset([f])
+    t = Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m")
+    data = FleetData(grid=GRID, targets={t.key: t})
+    data.sourced[t.key] = {Signal.KV_USAGE, Signal.GEN_TPS}
+    data.put(t.key, Signal.KV_USAGE, np.full(len(GRID), 0.5))
+    data.put(t.key, Signal.GEN_TPS, np.full(len(GRID), 100.0))
+    params = Params(at=AT, window_s=WINDOW, step_s=STEP)
+    (fast,) = diagnose([t], data, rules, params)
+    (shown,) = diagnose([t], data, rules, params, explain=frozenset({t.key}))
+    assert [c.points for c in shown.checks] == [c.points for c in fast.checks] == [False]
+    assert shown.state == fast.state
+    # the skipped sibling is still shown
+    assert any(c.stat == "last" and c.met is True and c.negated is False and c.path.endswith("not.all[1].not")
+               for c in shown.checks[0].conditions), shown.checks[0].conditions

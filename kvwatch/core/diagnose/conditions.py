@@ -158,17 +158,21 @@ class RuleEval:
         decisive = n.all is None
         kind = "all" if n.all is not None else "any"
         unknown = False
-        decided = False
+        saved: tuple[int, int, set[str], bool] | None = None
         for i, child in enumerate(n.all or n.any or ()):
             r = self.node(child, negated, f"{path}.{kind}[{i}]")
             if path == "when":
                 self.parts.append(r)
-            if r is decisive:
-                decided = True
+            if r is decisive and saved is None:
                 if not self.explain:
                     return decisive
+                # explain goes on to record the siblings a short circuit skips; what they find
+                # is no evidence (the verdict never reads them), so it is rolled back after
+                saved = (len(self.evidence), len(self.margins), set(self.unknown), self.points)
             unknown = unknown or r is None
-        if decided:
+        if saved is not None:
+            del self.evidence[saved[0]:], self.margins[saved[1]:]
+            self.unknown, self.points = saved[2], saved[3]
             return decisive
         return None if unknown else not decisive
 
