@@ -2866,3 +2866,26 @@ def test_waves_whose_queue_empties_at_every_trough_are_a_cycle_not_a_refill_that
     held[-22:] = np.maximum(held[-22:], 40.0)
     r = diagnose_one(sigs | {Signal.WAITING: held})
     assert r.state is FailureMode.FULL, r.primary
+
+
+def test_a_reservation_stall_whose_pool_wanders_with_request_sizes_is_fragmented() -> None:
+    """Held-out 157 158 rnd-157-015 (Triton TensorRT-LLM, a reservation policy at rho 1.23,
+    fragmented by mechanism) read `unknown` ("requests queued in 100 % of the last 10 minutes
+    but no failure-mode rule explains it") on six variants: every condition of the admission
+    stall held (KV p90 72 %, 1,300 waiting, ~12 running, 11 minutes of queue time) but "flat,
+    not swinging" (KV std < 0.15): the blocks in use wander 17-77 % with the sizes of the few
+    requests admitted, std 0.17. A standard deviation of 0.15-0.25 without cycles is that
+    wander; oscillating, which has precedence, reads real swings first."""
+    kv = [0.473, 0.472, 0.241, 0.53, 0.599, 0.427, 0.3, 0.362, 0.334, 0.474, 0.391, 0.484, 0.243, 0.291, 0.408,
+          0.555, 0.513, 0.233, 0.388, 0.363, 0.209, 0.225, 0.194, 0.359, 0.515, 0.405, 0.445, 0.284, 0.404, 0.322,
+          0.552, 0.467, 0.566, 0.447, 0.365, 0.545, 0.393, 0.552, 0.614, 0.748, 0.406, 0.244, 0.77, 0.53, 0.755,
+          0.368, 0.409, 0.362, 0.168, 0.405, 0.232, 0.344, 0.399, 0.631, 0.355, 0.38, 0.72, 0.186, 0.423, 0.2, 0.442]
+    rng = np.random.default_rng(7)
+    sigs = base(kv_usage=np.array(kv), waiting=np.linspace(900, 1300, N), running=rng.integers(9, 16, N).astype(float),
+                queue_mean=np.linspace(400, 740, N), request_rate=const(0.86), gen_tps=const(350),
+                ttft_p50=const(600.0), ttft_p99=const(900.0), ttft_mean=const(650.0))
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.FRAGMENTED, r.primary
+    # converse: a pool that really swings (KV 5-95 %, std 0.3) under the same queue is no flat stall
+    r = diagnose_one(sigs | {Signal.KV_USAGE: np.where(np.arange(N) % 4 < 2, 0.95, 0.05)})
+    assert r.state is not FailureMode.FRAGMENTED, r.primary
