@@ -49,6 +49,12 @@ def base(**over: np.ndarray) -> dict[Signal, np.ndarray]:
     return sig
 
 
+def recorded(kv: list[float], waiting: list[float], running: list[float], **over: np.ndarray) -> dict[Signal, np.ndarray]:
+    """``base`` with KV usage, waiting and running as scraped from a corpus target (one value per step)."""
+    return base(kv_usage=np.array(kv, dtype=float), waiting=np.array(waiting, dtype=float),
+                running=np.array(running, dtype=float), **over)
+
+
 def run(fleet: dict[str, dict[Signal, np.ndarray]], model: str = "m") -> dict[str, object]:
     targets = [Target(TargetKey("vllm", name), "vllm-v1", "vllm", model) for name in fleet]
     data = FleetData(grid=GRID, targets={t.key: t for t in targets})
@@ -2799,9 +2805,9 @@ def test_a_refill_pinned_for_ten_minutes_after_one_drain_is_full_not_a_cycle() -
     running = [10, 10, 7, 6, 6, 6, 2, 4, 6, 8, 10, 11, 10, 12, 13, 11, 13, 12, 13, 11, 13, 11, 11, 12, 12, 11, 11,
                12, 12, 12, 13, 13, 12, 11, 12, 13, 12, 12, 13, 11, 9, 10, 12, 12, 10, 11, 12, 12, 12, 12, 11, 12, 10,
                13, 13, 14, 12, 13, 13, 13, 12]
-    sigs = base(kv_usage=np.array(kv), waiting=np.array(waiting, dtype=float), running=np.array(running, dtype=float),
-                request_rate=const(0.075), gen_tps=const(6.3), prompt_tps=const(60), ttft_p50=const(40.0),
-                ttft_p99=const(150.0), ttft_mean=const(60.0))
+    sigs = recorded(kv, waiting, running,
+                    request_rate=const(0.075), gen_tps=const(6.3), prompt_tps=const(60), ttft_p50=const(40.0),
+                    ttft_p99=const(150.0), ttft_mean=const(60.0))
     assert diagnose_one(sigs).state is FailureMode.FULL
     # converse: the same pool draining again at the end is a cycle (a fill, a drain, a fill, a drain)
     cyc = np.array(kv)
@@ -2855,9 +2861,9 @@ def test_waves_whose_queue_empties_at_every_trough_are_a_cycle_not_a_refill_that
     running = [95, 58, 88, 85, 62, 43, 82, 70, 66, 85, 94, 102, 64, 67, 73, 23, 48, 79, 79, 81, 66, 83, 81, 94, 76, 76,
                23, 46, 85, 81, 103, 100, 88, 86, 77, 75, 82, 111, 33, 95, 85, 82, 88, 83, 87, 75, 86, 86, 92, 41, 68, 76,
                87, 84, 74, 92, 75, 63, 66, 97, 96]
-    sigs = base(kv_usage=np.array(kv), waiting=np.array(waiting, dtype=float), running=np.array(running, dtype=float),
-                request_rate=const(17.4), gen_tps=const(1480), ttft_p50=const(30.0), ttft_p99=const(90.0),
-                ttft_mean=const(40.0))
+    sigs = recorded(kv, waiting, running,
+                    request_rate=const(17.4), gen_tps=const(1480), ttft_p50=const(30.0), ttft_p99=const(90.0),
+                    ttft_mean=const(40.0))
     r = diagnose_one(sigs)
     assert r.state is FailureMode.OSCILLATING, r.primary
     # converse: the same waves whose queue has not emptied since the dip 11 minutes ago (held at
@@ -2907,9 +2913,9 @@ def test_a_full_pool_whose_usage_dips_at_random_to_two_thirds_is_no_cycle() -> N
     running = [30, 29, 21, 28, 31, 31, 29, 29, 31, 30, 29, 30, 29, 30, 30, 30, 31, 31, 28, 27, 27, 28, 27, 28, 24, 23,
                27, 28, 24, 26, 21, 28, 28, 28, 30, 29, 28, 30, 29, 26, 27, 24, 24, 32, 32, 30, 29, 29, 30, 31, 31, 30,
                30, 30, 30, 30, 28, 29, 29, 30, 31]
-    sigs = base(kv_usage=np.array(kv), waiting=np.array(waiting, dtype=float), running=np.array(running, dtype=float),
-                request_rate=const(0.05), gen_tps=const(40), ttft_p50=const(2.2), ttft_p99=const(5.0),
-                ttft_mean=const(2.5))
+    sigs = recorded(kv, waiting, running,
+                    request_rate=const(0.05), gen_tps=const(40), ttft_p50=const(2.2), ttft_p99=const(5.0),
+                    ttft_mean=const(2.5))
     r = diagnose_one(sigs)
     assert r.state is FailureMode.FULL, r.primary
     # converse: the same dips reaching a quarter of the pool are drains, and with the queue at
