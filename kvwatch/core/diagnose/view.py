@@ -35,12 +35,17 @@ class Params:
     latency_window_s: float = 600.0
 
     @property
+    def latency_hold(self) -> int:
+        """Grid steps between two latency-quantile samples (each held over the steps after it)."""
+        return latency_hold_steps(self.latency_window_s, self.step_s)
+
+    @property
     def latency_reach_s(self) -> float:
         """How far back the requests in the newest latency quantile may have waited: its window,
         its age (sampled every ``hold`` steps and held in between: up to ``hold − 1`` steps old)
         and one step (a queue can outlast its last sample by a step, and the requests it
         admitted at its end get their first token after that)."""
-        return self.latency_window_s + latency_hold_steps(self.latency_window_s, self.step_s) * self.step_s
+        return self.latency_window_s + self.latency_hold * self.step_s
 
     @property
     def fresh_s(self) -> float:
@@ -59,7 +64,7 @@ class TargetView:
         self.key = target.key
         self.data = data
         self.p = params
-        self.fleet = fleet if fleet is not None else FleetStats([target.key], data, params.at)
+        self.fleet = fleet if fleet is not None else FleetStats([target.key], data, params.at, params.ttft_slo_s, params.latency_hold)
         self.row = self.fleet.row[target.key]
         self._cache: dict[tuple[str, float], SeriesStats] = {}
 
