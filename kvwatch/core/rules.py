@@ -44,6 +44,8 @@ DERIVED_SIGNALS: dict[str, str] = {
     "ttft_tail_ratio": "ttft_p99 / ttft_p50",
     "queue_tail_share": "queue_p99 / ttft_p99 where ttft_p99 breaks the TTFT SLO (NaN elsewhere): how much of a tail "
                         "over the SLO is time in the queue",
+    "ttft_p99_prior": "ttft_p99 one latency window earlier (a gap for the first window): the tail before the newest "
+                      "window's requests",
     "running_vs_cap": "running / max_running",
     "running_vs_cap_queued": "running / max_running except where nobody waits (waiting < 0.5: a gap); no waiting: every sample",
     "completion_rate": "request_rate - abort_rate (abort_rate absent: 0; request_rate as is where the engine's "
@@ -61,6 +63,7 @@ DERIVED_SIGNALS: dict[str, str] = {
 DERIVED_INPUTS: dict[str, tuple[str, ...]] = {
     "ttft_tail_ratio": ("ttft_p99", "ttft_p50"),
     "queue_tail_share": ("queue_p99", "ttft_p99"),
+    "ttft_p99_prior": ("ttft_p99",),
     "running_vs_cap": ("running", "max_running"),
     "running_vs_cap_queued": ("running", "max_running"),  # waiting only narrows the samples
     "completion_rate": ("request_rate", "abort_rate"),
@@ -70,6 +73,9 @@ DERIVED_INPUTS: dict[str, tuple[str, ...]] = {
     "peak_pressure": ("waiting", "request_rate", "preemptions"),
     "kv_queued": ("kv_usage", "waiting"),
 }
+#: derived signals that are a histogram quantile themselves (shifted in time): they read in that
+#: quantile's bucket layout, so a value in the threshold's own bucket is not established
+QUANTILE_OF: dict[str, Signal] = {"ttft_p99_prior": Signal.TTFT_P99}
 SIGNAL_NAMES: frozenset[str] = frozenset({s.value for s in Signal} | set(DERIVED_SIGNALS))
 #: canonical signals the diagnosis core reads for every target whatever the rules say
 #: (``diagnose/facts.py``: capacity and cap facts; ``diagnose/target.py``: the queue)

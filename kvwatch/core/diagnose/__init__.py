@@ -59,7 +59,8 @@ def diagnose(
     targets = list(targets)
     data = admission_queue(data, targets, params.ttft_slo_s)
     only_triage = rules.triage_signals()
-    fleet = FleetStats([t.key for t in targets], data, params.at, params.ttft_slo_s, params.latency_hold)
+    fleet = FleetStats([t.key for t in targets], data, params.at, params.ttft_slo_s, params.latency_hold,
+                       params.latency_window_s)
     views = [TargetView(t, data, params, fleet) for t in targets]
     groups = group_facts(views)
     facts = [facts_for(v, groups.get(v.key, {})) for v in views]
@@ -106,7 +107,8 @@ def diagnose(
         extra = fetched.result() if fetched is not None else None
     if extra is not None:
         full = with_rows(data, extra, keys, only_triage)
-        fleet2 = FleetStats(keys, full, params.at, params.ttft_slo_s, params.latency_hold)
+        fleet2 = FleetStats(keys, full, params.at, params.ttft_slo_s, params.latency_hold,
+                       params.latency_window_s)
         for j in pending:
             view = TargetView(targets[j], full, params, fleet2)
             # the same rule outcomes, facts and replica-group facts: none reads a triage signal

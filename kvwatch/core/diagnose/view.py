@@ -16,7 +16,7 @@ import numpy as np
 from kvwatch.core.bounds import ORDER_STATS, Bound, clamped, classify, straddled
 from kvwatch.core.frame import FleetData, latency_hold_steps
 from kvwatch.core.models import Target
-from kvwatch.core.rules import DERIVED_INPUTS
+from kvwatch.core.rules import DERIVED_INPUTS, QUANTILE_OF
 from kvwatch.core.signals import Signal
 from kvwatch.core.statistics.fleet import FleetStats
 from kvwatch.core.statistics.registry import REGISTRY
@@ -64,7 +64,8 @@ class TargetView:
         self.key = target.key
         self.data = data
         self.p = params
-        self.fleet = fleet if fleet is not None else FleetStats([target.key], data, params.at, params.ttft_slo_s, params.latency_hold)
+        self.fleet = fleet if fleet is not None else FleetStats([target.key], data, params.at, params.ttft_slo_s, params.latency_hold,
+                                                                 params.latency_window_s)
         self.row = self.fleet.row[target.key]
         self._cache: dict[tuple[str, float], SeriesStats] = {}
 
@@ -135,7 +136,7 @@ class TargetView:
         undecided by the data. None when decided or the bucket layout is not known."""
         if stat not in ORDER_STATS:
             return None
-        sig = Signal._value2member_map_.get(name)
+        sig = Signal._value2member_map_.get(name) or QUANTILE_OF.get(name)
         bounds = self.data.buckets.get(self.key, {}).get(sig) if sig is not None else None  # type: ignore[call-overload]
         return straddled(value, threshold, bounds) if bounds else None
 

@@ -38,13 +38,14 @@ class FleetStats:
     """Lazy, memoised per-fleet statistics over spans ending at ``at`` (Unix seconds)."""
 
     def __init__(self, keys: Sequence[TargetKey], data: FleetData, at: float, ttft_slo_s: float | None = None,
-                 latency_hold: int = 1) -> None:
+                 latency_hold: int = 1, latency_window_s: float = 600.0) -> None:
         """``ttft_slo_s``: the TTFT SLO the derived latency signals are read against (None: not
         known, read every sample); ``latency_hold``: grid steps between two latency-quantile
         samples (collection holds each over the steps after it)."""
         self.keys = list(keys)
         self.ttft_slo_s = ttft_slo_s
         self.latency_hold = max(1, latency_hold)
+        self.latency_window_s = latency_window_s
         self.row = {k: i for i, k in enumerate(self.keys)}
         self.data = data
         self.at = at
@@ -101,6 +102,17 @@ class FleetStats:
                 entered = np.zeros(over.shape, dtype=bool)  # over now, under at the sample before
                 entered[:, h:] = over[:, h:] & ~over[:, :-h] & np.isfinite(p99[:, :-h])
                 m = np.where(over & ~entered, m, np.nan)
+        elif name == "ttft_p99_prior":
+            # the TTFT p99 one latency window earlier: its window ends where the newest one's
+            # starts, so a tail it holds was there before the newest window's requests
+            p99 = self.matrix("ttft_p99")
+            m = None
+            if p99 is not None:
+                g = self.data.grid
+                k = round(self.latency_window_s / float(g[1] - g[0])) if len(g) > 1 and g[1] > g[0] else 0
+                m = np.full(p99.shape, np.nan)
+                if 0 < k < p99.shape[1]:
+                    m[:, k:] = p99[:, :-k]
         elif name == "completion_rate":
             # progress where tokens are not counted: most engines count an aborted request (a
             # client that gave up on a wedged engine) as finished, so aborts are taken out there;
