@@ -39,7 +39,7 @@ from kvwatch.core.signals import REQUIRED_SIGNALS, Signal
 from kvwatch.core.statistics.registry import RULE_STATS
 from kvwatch.errors import ConfigError, Problem
 
-#: signals derived point-wise from two canonical signals
+#: signals derived point-wise from canonical signals (or one shifted in time)
 DERIVED_SIGNALS: dict[str, str] = {
     "ttft_tail_ratio": "ttft_p99 / ttft_p50",
     "queue_tail_share": "queue_p99 / ttft_p99 where ttft_p99 breaks the TTFT SLO (NaN elsewhere): how much of a tail "

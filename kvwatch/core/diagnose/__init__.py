@@ -25,12 +25,11 @@ from kvwatch.core.diagnose.fleetrules import FleetRules, Outcome
 from kvwatch.core.diagnose.groups import GROUP_SPAN_S, group_facts
 from kvwatch.core.diagnose.prefill import admission_queue
 from kvwatch.core.diagnose.target import diagnose_target, gone_reason
-from kvwatch.core.diagnose.view import Params, TargetView
+from kvwatch.core.diagnose.view import Params, TargetView, fleet_stats
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target, TargetKey, TargetResult, Verdict
 from kvwatch.core.rules import RuleSet
 from kvwatch.core.signals import Signal
-from kvwatch.core.statistics.fleet import FleetStats
 
 __all__ = ["GROUP_SPAN_S", "Params", "TargetView", "diagnose", "diagnose_target", "facts_for", "with_rows"]
 
@@ -59,8 +58,7 @@ def diagnose(
     targets = list(targets)
     data = admission_queue(data, targets, params.ttft_slo_s)
     only_triage = rules.triage_signals()
-    fleet = FleetStats([t.key for t in targets], data, params.at, params.ttft_slo_s, params.latency_hold,
-                       params.latency_window_s)
+    fleet = fleet_stats([t.key for t in targets], data, params)
     views = [TargetView(t, data, params, fleet) for t in targets]
     groups = group_facts(views)
     facts = [facts_for(v, groups.get(v.key, {})) for v in views]
@@ -107,8 +105,7 @@ def diagnose(
         extra = fetched.result() if fetched is not None else None
     if extra is not None:
         full = with_rows(data, extra, keys, only_triage)
-        fleet2 = FleetStats(keys, full, params.at, params.ttft_slo_s, params.latency_hold,
-                       params.latency_window_s)
+        fleet2 = fleet_stats(keys, full, params)
         for j in pending:
             view = TargetView(targets[j], full, params, fleet2)
             # the same rule outcomes, facts and replica-group facts: none reads a triage signal

@@ -9,13 +9,14 @@ target) and from a per-series walk otherwise (swings, periodogram).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvwatch.core.bounds import ORDER_STATS, Bound, clamped, classify, straddled
 from kvwatch.core.frame import FleetData, latency_hold_steps
-from kvwatch.core.models import Target
+from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.rules import DERIVED_INPUTS, QUANTILE_OF
 from kvwatch.core.signals import Signal
 from kvwatch.core.statistics.fleet import FleetStats
@@ -54,6 +55,12 @@ class Params:
         return max(3 * self.step_s, 300.0)
 
 
+def fleet_stats(keys: Sequence[TargetKey], data: FleetData, params: Params) -> FleetStats:
+    """The fleet statistics of ``keys`` at ``params``' instant, read against its SLO and latency
+    sampling (the derived latency signals need both)."""
+    return FleetStats(keys, data, params.at, params.ttft_slo_s, params.latency_hold, params.latency_window_s)
+
+
 class TargetView:
     """Lazy statistics of one target over named spans (``for`` tails and the whole window)."""
 
@@ -64,8 +71,7 @@ class TargetView:
         self.key = target.key
         self.data = data
         self.p = params
-        self.fleet = fleet if fleet is not None else FleetStats([target.key], data, params.at, params.ttft_slo_s, params.latency_hold,
-                                                                 params.latency_window_s)
+        self.fleet = fleet if fleet is not None else fleet_stats([target.key], data, params)
         self.row = self.fleet.row[target.key]
         self._cache: dict[tuple[str, float], SeriesStats] = {}
 

@@ -41,7 +41,8 @@ class FleetStats:
                  latency_hold: int = 1, latency_window_s: float = 600.0) -> None:
         """``ttft_slo_s``: the TTFT SLO the derived latency signals are read against (None: not
         known, read every sample); ``latency_hold``: grid steps between two latency-quantile
-        samples (collection holds each over the steps after it)."""
+        samples (collection holds each over the steps after it); ``latency_window_s``: the
+        window those quantiles are taken over, s."""
         self.keys = list(keys)
         self.ttft_slo_s = ttft_slo_s
         self.latency_hold = max(1, latency_hold)
