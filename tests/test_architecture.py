@@ -94,7 +94,9 @@ def test_the_checker_sees_imports_of_every_kind() -> None:
     """Guard against a checker that silently finds nothing: it reads module-level,
     function-level and ``from kvwatch import name`` imports of real modules."""
     found = {m for _, m in imports_of(PKG / "core" / "diagnose" / "__init__.py", "kvwatch.core.diagnose")}
-    assert "kvwatch.core.diagnose.target" in found and "kvwatch.core.statistics.fleet" in found
+    assert "kvwatch.core.diagnose.target" in found and "kvwatch.core.diagnose.view" in found
+    view = {m for _, m in imports_of(PKG / "core" / "diagnose" / "view.py", "kvwatch.core.diagnose.view")}
+    assert "kvwatch.core.statistics.fleet" in view
     cli = {m for _, m in imports_of(PKG / "cli.py", "kvwatch.cli")}
     assert "kvwatch.service.once" in cli  # imported inside a function
     assert "kvwatch" in cli  # from kvwatch import __version__
