@@ -388,4 +388,9 @@ def check_cycle_log(log: str) -> None:
     last_full = max(i for i, line in enumerate(lines[:resolves[0]]) if "full 1" in line)
     # hold_down 6s at a 2s interval: at least one healthy cycle passes before the resolve
     assert resolves[0] - last_full >= 2, "\n".join(lines[last_full:resolves[0] + 1])
-    assert "(healthy 1)" in lines[resolves[0]]
+    # the resolve needs full decided not matched, whatever else the state says (the lifecycle's
+    # contract): right after the restart the 60 s window still holds the overload, and the state
+    # may read unknown for a cycle or two before it settles (a loaded CI run at 3b7a057 read
+    # healthy, unknown, then unknown at the resolving cycle; three quiet runs read healthy)
+    assert "(full 1)" not in lines[resolves[0]] and re.search(r"\((healthy|unknown) 1\)", lines[resolves[0]]), \
+        lines[resolves[0]]
