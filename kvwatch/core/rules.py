@@ -76,6 +76,12 @@ DERIVED_INPUTS: dict[str, tuple[str, ...]] = {
 #: derived signals that are a histogram quantile themselves (shifted in time): they read in that
 #: quantile's bucket layout, so a value in the threshold's own bucket is not established
 QUANTILE_OF: dict[str, Signal] = {"ttft_p99_prior": Signal.TTFT_P99}
+
+
+def bucket_signal(name: str) -> Signal | None:
+    """The histogram quantile whose bucket layout signal ``name`` reads in (itself when canonical)."""
+    return Signal._value2member_map_.get(name) or QUANTILE_OF.get(name)  # type: ignore[return-value]
+
 SIGNAL_NAMES: frozenset[str] = frozenset({s.value for s in Signal} | set(DERIVED_SIGNALS))
 #: canonical signals the diagnosis core reads for every target whatever the rules say
 #: (``diagnose/facts.py``: capacity and cap facts; ``diagnose/target.py``: the queue)

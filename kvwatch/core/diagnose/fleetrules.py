@@ -46,11 +46,8 @@ from kvwatch.core.diagnose.conditions import (
 )
 from kvwatch.core.diagnose.view import TargetView
 from kvwatch.core.models import Evidence, RuleCheck
-from kvwatch.core.rules import DERIVED_INPUTS, QUANTILE_OF, Group, Leaf, Rule
-from kvwatch.core.signals import Signal
+from kvwatch.core.rules import DERIVED_INPUTS, Group, Leaf, Rule, bucket_signal
 from kvwatch.core.statistics.registry import REGISTRY
-
-_SIGNALS: dict[str, Signal] = {s.value: s for s in Signal}
 
 Tri = tuple[np.ndarray, np.ndarray]  # (true, false) masks; neither: unknown
 
@@ -164,7 +161,7 @@ class FleetRules:
         """Targets with a histogram bucket layout for signal ``name``."""
         got = self._layout.get(name)
         if got is None:
-            sig = _SIGNALS.get(name) or QUANTILE_OF.get(name)
+            sig = bucket_signal(name)
             rows = self.fleet.target_buckets
             got = self._layout[name] = np.array(
                 [sig is not None and bool(rows[r].get(sig)) for r in self.rows.tolist()], dtype=bool)

@@ -17,7 +17,7 @@ import numpy as np
 from kvwatch.core.bounds import ORDER_STATS, Bound, clamped, classify, straddled
 from kvwatch.core.frame import FleetData, latency_hold_steps
 from kvwatch.core.models import Target, TargetKey
-from kvwatch.core.rules import DERIVED_INPUTS, QUANTILE_OF
+from kvwatch.core.rules import DERIVED_INPUTS, bucket_signal
 from kvwatch.core.signals import Signal
 from kvwatch.core.statistics.fleet import FleetStats
 from kvwatch.core.statistics.registry import REGISTRY
@@ -142,8 +142,8 @@ class TargetView:
         undecided by the data. None when decided or the bucket layout is not known."""
         if stat not in ORDER_STATS:
             return None
-        sig = Signal._value2member_map_.get(name) or QUANTILE_OF.get(name)
-        bounds = self.data.buckets.get(self.key, {}).get(sig) if sig is not None else None  # type: ignore[call-overload]
+        sig = bucket_signal(name)
+        bounds = self.data.buckets.get(self.key, {}).get(sig) if sig is not None else None
         return straddled(value, threshold, bounds) if bounds else None
 
     def first_time(self, name: str, span_s: float) -> float | None:
