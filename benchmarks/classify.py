@@ -39,7 +39,7 @@ from support.prom import backfill, prometheus
 
 
 def run(work: Path, *, targets: int, seeds: list[int], share: float, variants: tuple[perturb.Variant, ...],
-        reuse: bool = False, rules: tuple[str, ...] = ()) -> tuple[dict, HonestReport, set[tuple[str, str]], dict[str, float]]:
+        reuse: bool = False, rules: tuple[str, ...] = (), scrape_interval_s: float = 15.0) -> tuple[dict, HonestReport, set[tuple[str, str]], dict[str, float]]:
     """Build, backfill, evaluate and score; returns (manifest, report, static-alert keys, timings).
     ``reuse``: evaluate the corpus already in ``work`` (kept by an earlier ``--out``)."""
     t0 = time.monotonic()
@@ -49,7 +49,8 @@ def run(work: Path, *, targets: int, seeds: list[int], share: float, variants: t
                          for v in doc["variants"])
         t1 = t2 = time.monotonic()
     else:
-        doc = build(work, n=targets, seeds=seeds, variants=variants, share=share)
+        doc = build(work, n=targets, seeds=seeds, variants=variants, share=share,
+                    scrape_interval_s=scrape_interval_s)
         t1 = time.monotonic()
         backfill(work / "fleet.om", work / "tsdb")
         (work / "fleet.om").unlink()
@@ -155,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[11, 12])
     ap.add_argument("--share", type=float, default=0.3, help="share of targets written under each perturbation")
     ap.add_argument("--base-only", action="store_true", help="no perturbed variants")
+    ap.add_argument("--scrape-interval", type=float, default=15.0, metavar="SECONDS",
+                    help="the base variant's scrape interval (the same draws and labels; scrape-30s/-60s "
+                         "keep every 2nd/4th of these scrapes, so use --base-only with another interval)")
     ap.add_argument("--out", help="keep the corpus and a JSON result here (default: a temp dir, removed)")
     ap.add_argument("--reuse", metavar="DIR", help="re-evaluate a corpus kept with --out (rules changed, data not)")
     ap.add_argument("--rules", nargs="+", default=[], help="rule files or directories (default: the bundled rules)")
@@ -168,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.out or tempfile.mkdtemp(prefix="kvwatch-rnd-"))
     try:
         doc, rep, fired, timing = run(work, targets=args.targets, seeds=args.seeds, share=args.share,
-                                      variants=variants, rules=tuple(args.rules))
+                                      variants=variants, rules=tuple(args.rules),
+                                      scrape_interval_s=args.scrape_interval)
         print(report(doc, rep, fired, timing))
         if args.out:
             (work / "result.json").write_text(json.dumps({

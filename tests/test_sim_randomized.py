@@ -59,6 +59,24 @@ def test_draws_are_seeded_and_labelled_from_truth() -> None:
     assert a.run.spec.expected is a.label.mode and not a.label.ambiguous
 
 
+def test_a_finer_scrape_interval_samples_the_same_draws_and_labels(tmp_path: Path) -> None:
+    # ``classify.py --scrape-interval 5`` must score the same targets against the same truth:
+    # only the scrapes change, not the draws or the binding limit read from the engine trace
+    docs, steps = [], []
+    for interval in (15.0, 5.0):
+        out = tmp_path / f"s{interval:.0f}"
+        docs.append(build(out, n=2, seeds=[99], variants=[BASE], end_time=END, workers=1,
+                          scrape_interval_s=interval))
+        lines = [ln for ln in (out / "fleet.om").read_text().splitlines() if ln and not ln.startswith("#")]
+        first = lines[0].rsplit(" ", 2)[0]  # one series: its samples, in time order
+        ts = [float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.rsplit(" ", 2)[0] == first]
+        steps.append(set(np.diff(ts)))
+    labels = [[(t["instance"], t["draw"], t["expected"], t["cause"]) for t in d["targets"]] for d in docs]
+    assert labels[0] == labels[1]
+    assert [d["scrape_interval_s"] for d in docs] == [15.0, 5.0]
+    assert steps == [{15.0}, {5.0}], steps
+
+
 def _series(text: str) -> set[str]:
     return {line.split("{", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
 

@@ -272,20 +272,21 @@ def draw_target(index: int, seed: int, dialect: Dialect, *, family: str | None =
     raise RuntimeError(f"target {index} of seed {seed}: ambiguous after {max_redraws} redraws")
 
 
-def _draw_job(job: tuple[int, int, str, float, float, float]) -> DrawnTarget:
-    index, seed, dialect, duration_s, warmup_s, end_time = job
+def _draw_job(job: tuple[int, int, str, float, float, float, float]) -> DrawnTarget:
+    index, seed, dialect, duration_s, warmup_s, end_time, scrape_interval_s = job
     return draw_target(index, seed, Dialect(dialect), duration_s=duration_s, warmup_s=warmup_s,
-                       end_time=end_time)
+                       end_time=end_time, scrape_interval_s=scrape_interval_s)
 
 
 def draw_corpus(n: int, seed: int, *, dialects: Sequence[Dialect | str] | None = None,
                 duration_s: float = 2400.0, warmup_s: float = 300.0, end_time: float,
-                workers: int | None = None) -> list[DrawnTarget]:
-    """``n`` targets of corpus ``seed``, dialects drawn uniformly (the same for a seed)."""
+                workers: int | None = None, scrape_interval_s: float = 15.0) -> list[DrawnTarget]:
+    """``n`` targets of corpus ``seed``, dialects drawn uniformly (the same for a seed); the
+    draws and their labels do not depend on ``scrape_interval_s`` (seconds), only the samples."""
     dials = [Dialect(d) for d in (dialects or list(Dialect))]
     rng = np.random.default_rng(seed_of(seed, "dialects"))
-    jobs = [(i, seed, str(dials[int(rng.integers(len(dials)))]), duration_s, warmup_s, end_time)
-            for i in range(n)]
+    jobs = [(i, seed, str(dials[int(rng.integers(len(dials)))]), duration_s, warmup_s, end_time,
+             scrape_interval_s) for i in range(n)]
     workers = workers or min(2, os.cpu_count() or 1)
     if workers <= 1:
         return [_draw_job(j) for j in jobs]
@@ -311,20 +312,21 @@ def manifest_entry(d: DrawnTarget, port: int = DEFAULT_PORT) -> dict[str, Any]:
 def build(out_dir: str | Path, *, n: int, seeds: Sequence[int], variants: Sequence[Variant],
           dialects: Sequence[Dialect | str] | None = None, end_time: float | None = None,
           job: str = "rnd", port: int = DEFAULT_PORT, workers: int | None = None,
-          share: float = 1.0) -> dict[str, Any]:
+          share: float = 1.0, scrape_interval_s: float = 15.0) -> dict[str, Any]:
     """Draw ``n`` targets per seed, write the base and (for a seeded ``share`` of the
     targets) every perturbed variant into ``out_dir/fleet.om`` and the labels into
-    ``out_dir/manifest.json``; returns the manifest."""
+    ``out_dir/manifest.json``; returns the manifest. ``scrape_interval_s`` is the base
+    variant's scrape interval (a variant's ``every`` keeps every n-th of those scrapes)."""
     end_time = default_end_time() if end_time is None else float(end_time)
     drawn = [d for s in seeds for d in draw_corpus(n, s, dialects=dialects, end_time=end_time,
-                                                    workers=workers)]
+                                                    workers=workers, scrape_interval_s=scrape_interval_s)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = write_variants([d.run for d in drawn], variants, out / "fleet.om", job=job, port=port,
                              share=share)
     doc = {
         "schema": "kvwatch.sim/randomized-v1", "end_unix": end_time, "job": job,
-        "seeds": list(seeds), "share": share,
+        "seeds": list(seeds), "share": share, "scrape_interval_s": scrape_interval_s,
         "variants": [{**asdict(v), "job": f"{job}-{v.name}", "instances": written[v.name]} for v in variants],
         "targets": [manifest_entry(d, port) for d in drawn],
     }
