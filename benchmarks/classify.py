@@ -45,8 +45,8 @@ def run(work: Path, *, targets: int, seeds: list[int], share: float, variants: t
     t0 = time.monotonic()
     if reuse:
         doc = json.loads((work / "manifest.json").read_text())
-        variants = tuple(perturb.Variant(**{k: v[k] for k in ("name", "drop", "every", "gaps", "reset", "churn")})
-                         for v in doc["variants"])
+        fields = ("name", "drop", "every", "gaps", "reset", "churn", "phase")
+        variants = tuple(perturb.Variant(**{k: v[k] for k in fields if k in v}) for v in doc["variants"])
         t1 = t2 = time.monotonic()
     else:
         doc = build(work, n=targets, seeds=seeds, variants=variants, share=share,
@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[11, 12])
     ap.add_argument("--share", type=float, default=0.3, help="share of targets written under each perturbation")
     ap.add_argument("--base-only", action="store_true", help="no perturbed variants")
+    ap.add_argument("--variants", nargs="+", metavar="NAME", choices=[v.name for v in perturb.ALL[1:]],
+                    help="only these perturbed variants next to the base (default: all)")
     ap.add_argument("--scrape-interval", type=float, default=15.0, metavar="SECONDS",
                     help="the base variant's scrape interval (the same draws and labels; scrape-30s/-60s "
                          "keep every 2nd/4th of these scrapes, so use --base-only with another interval)")
@@ -168,7 +170,12 @@ def main(argv: list[str] | None = None) -> int:
                                       rules=tuple(args.rules))
         print(report(doc, rep, fired, timing))
         return 0
-    variants = (perturb.BASE,) if args.base_only else perturb.ALL
+    if args.base_only:
+        variants: tuple[perturb.Variant, ...] = (perturb.BASE,)
+    elif args.variants:
+        variants = (perturb.BASE, *(v for v in perturb.ALL if v.name in args.variants))
+    else:
+        variants = perturb.ALL
     work = Path(args.out or tempfile.mkdtemp(prefix="kvwatch-rnd-"))
     try:
         doc, rep, fired, timing = run(work, targets=args.targets, seeds=args.seeds, share=args.share,

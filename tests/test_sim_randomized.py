@@ -124,6 +124,33 @@ def test_coarser_scrapes_resets_and_churn(tmp_path: Path) -> None:
     assert len({lab for lab, _, _ in rows["j-churn"]}) == 2  # the series changes identity once
 
 
+def test_a_phase_variant_scrapes_each_target_off_the_grid_with_jitter(tmp_path: Path) -> None:
+    # real Prometheus scrapes each target at its own offset into the interval, with jitter:
+    # samples are not on the evaluation grid, and two targets are not on the same phase
+    runs = [simulate(spec, duration_s=600, end_time=END)
+            for spec in (make_targets("full", Dialect.VLLM_0_10, 0, run_s=900)[0],
+                         make_targets("idle-low-demand", Dialect.VLLM_0_10, 1, run_s=900)[0])]
+    write_variants(runs, [BASE, Variant("phase", phase=True)], tmp_path / "x.om", job="j")
+    times: dict[tuple[str, str], list[float]] = {}
+    for ln in (tmp_path / "x.om").read_text().splitlines():
+        m = re.match(r'vllm:num_requests_running\{(.*)\} \S+ (\S+)$', ln)
+        if m:
+            job = re.search(r'job="([^"]+)"', m.group(1)).group(1)
+            inst = re.search(r'instance="([^"]+)"', m.group(1)).group(1)
+            times.setdefault((job, inst), []).append(float(m.group(2)))
+    offsets = []
+    for (job, _), t in times.items():
+        t_arr = np.array(t)
+        off = (t_arr - END) % 15.0
+        if job == "j-base":
+            assert set(off) == {0.0}
+            continue
+        assert (np.diff(t_arr) > 0).all() and np.diff(t_arr).min() >= 0.75 * 15 and np.diff(t_arr).max() <= 1.25 * 15
+        assert len(set(np.round(off, 3))) > len(t) // 2  # jitter: not one offset for every scrape
+        offsets.append(float(np.median(t_arr - np.round(t_arr / 15.0) * 15.0)))
+    assert len(offsets) == 2 and abs(offsets[0] - offsets[1]) > 0.01, offsets
+
+
 def test_exemptions_are_narrow() -> None:
     assert blind_to("full", frozenset({"waiting"})) == frozenset()  # preemptions still decide
     assert blind_to("full", frozenset({"waiting", "preemptions"})) == frozenset()  # the queue-time histogram still decides

@@ -138,7 +138,8 @@ _KV_OVER: dict[Dialect, frozenset[str]] = {
 @dataclass(frozen=True)
 class Variant:
     """One perturbation: ``drop`` an optional signal, keep every ``every``-th scrape (15 s
-    base: 2 → 30 s, 4 → 60 s), cut scrape ``gaps``, ``reset`` counters once, ``churn`` a label."""
+    base: 2 → 30 s, 4 → 60 s), cut scrape ``gaps``, ``reset`` counters once, ``churn`` a label,
+    scrape at a ``phase`` of the target's own (see :func:`_phase`)."""
 
     name: str
     drop: str | None = None
@@ -146,10 +147,11 @@ class Variant:
     gaps: bool = False
     reset: bool = False
     churn: bool = False
+    phase: bool = False
 
 
 BASE = Variant("base")
-SCRAPES = (Variant("scrape-30s", every=2), Variant("scrape-60s", every=4))
+SCRAPES = (Variant("scrape-30s", every=2), Variant("scrape-60s", every=4), Variant("phase", phase=True))
 FAULTS = (Variant("gaps", gaps=True), Variant("reset", reset=True), Variant("churn", churn=True))
 DROPS = tuple(Variant(f"no-{s}", drop=s) for s in OPTIONAL_SIGNALS)
 ALL = (BASE, *DROPS, *SCRAPES, *FAULTS)
@@ -193,6 +195,18 @@ def _keep_mask(run: TargetRun, variant: Variant) -> np.ndarray:
     return keep
 
 
+def _phase(run: TargetRun, ts: np.ndarray) -> np.ndarray:
+    """Scrape times as a real Prometheus takes them: each target at its own offset into the
+    interval (Prometheus spreads targets by a hash), 0-1 interval after the simulated instant,
+    and each scrape ±10 % of the interval late or early (jitter). Seconds, still increasing;
+    scrapes that land after the last instant are simply not visible to an evaluation there."""
+    if len(ts) < 2:
+        return ts
+    step = float(ts[1] - ts[0])
+    rng = np.random.default_rng(seed_of(run.spec.name, "phase"))
+    return np.round(ts + rng.uniform(0.0, step) + rng.uniform(-0.1, 0.1, len(ts)) * step, 3)
+
+
 def _values(value: object, n: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(value, dtype=float), (n,)).copy()
 
@@ -212,6 +226,8 @@ def target_series(run: TargetRun, variant: Variant, job: str, port: int = DEFAUL
     patterns = optional_families(dialect).get(variant.drop, ()) if variant.drop else ()
     keep = _keep_mask(run, variant)
     ts = np.round(run.wall_times, 3)
+    if variant.phase:
+        ts = _phase(run, ts)
     rng = np.random.default_rng(seed_of(run.spec.name, "perturb"))
     n = len(ts)
     cut = n - 1 - int(rng.uniform(5 * 60, 25 * 60) / max(float(ts[1] - ts[0]), 1.0)) if n > 1 else 0
