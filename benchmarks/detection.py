@@ -38,6 +38,7 @@ from kvwatch.core.rules import load_ruleset
 from kvwatch.sim.corpus import default_end_time
 from kvwatch.sim.fleet import TargetRun
 from kvwatch.sim.openmetrics import write_openmetrics
+from kvwatch.sim.perturb import Variant, write_variants
 from kvwatch.sim.phases import FAULTS, PhasedTarget, draw
 from kvwatch.sim.vocab import Dialect
 from kvwatch.tools.backtest.models import BacktestResult, IncidentRecord, ModeChange
@@ -244,7 +245,7 @@ def report(ms: list[Measured]) -> str:
 
 
 def run(work: Path, seeds: list[int], dialects: list[str], controls: int, faults: Sequence[str] = tuple(FAULTS),
-        scrape_s: float = SCRAPE_S) -> tuple[list[Measured], dict[str, float]]:
+        scrape_s: float = SCRAPE_S, phase: bool = False) -> tuple[list[Measured], dict[str, float]]:
     end_time = default_end_time()
     jobs: list[tuple[str | None, int, str, float, float]] = []
     for s in seeds:
@@ -257,7 +258,10 @@ def run(work: Path, seeds: list[int], dialects: list[str], controls: int, faults
     with ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
         drawn = list(pool.map(_draw, jobs))
     runs = {r.spec.instance(): (p, r) for p, r, _ in drawn}
-    write_openmetrics([r for _, r, _ in drawn], work / "fleet.om", job="phases")
+    if phase:  # each target at its own offset into the interval, jittered (kvwatch.sim.perturb)
+        write_variants([r for _, r, _ in drawn], [Variant("phase", phase=True)], work / "fleet.om", job="phases")
+    else:
+        write_openmetrics([r for _, r, _ in drawn], work / "fleet.om", job="phases")
     (work / "schedules.json").write_text(json.dumps({r.spec.instance(): {
         "fault": p.fault, "fault_at": _wall(r, p.fault_at) if math.isfinite(p.fault_at) else None,
         "recover_at": _wall(r, p.recover_at) if math.isfinite(p.recover_at) else None,
@@ -290,12 +294,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", metavar="DIR", help="keep the TSDB here (default: a temp dir, removed)")
     ap.add_argument("--scrape-interval", type=float, default=SCRAPE_S, metavar="S",
                     help="seconds between the simulated scrapes (rate windows widen to 4 of them)")
+    ap.add_argument("--phase", action="store_true",
+                    help="scrape each target at its own phase with ±10 %% jitter, as Prometheus does")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kvwatch-detect-") as tmp:
         work = Path(args.keep or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        ms, timing = run(work, args.seeds, args.dialects, args.controls, args.faults, args.scrape_interval)
-    print(f"{len(ms)} schedules, scraped every {args.scrape_interval:g}s; simulate {timing['simulate']:.0f}s (redrawn {timing['redrawn']:.0f}),"
+        ms, timing = run(work, args.seeds, args.dialects, args.controls, args.faults, args.scrape_interval,
+                         args.phase)
+    print(f"{len(ms)} schedules, scraped every {args.scrape_interval:g}s{' at per-target phases' if args.phase else ''};"
+          f" simulate {timing['simulate']:.0f}s (redrawn {timing['redrawn']:.0f}),"
           f" backfill {timing['backfill']:.0f}s, backtest {timing['backtest']:.0f}s at {STEP_S:.0f}s steps")
     print(report(ms))
     if args.json:

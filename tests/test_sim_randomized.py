@@ -149,6 +149,17 @@ def test_a_phase_variant_scrapes_each_target_off_the_grid_with_jitter(tmp_path: 
         assert len(set(np.round(off, 3))) > len(t) // 2  # jitter: not one offset for every scrape
         offsets.append(float(np.median(t_arr - np.round(t_arr / 15.0) * 15.0)))
     assert len(offsets) == 2 and abs(offsets[0] - offsets[1]) > 0.01, offsets
+    # a scrape reads the state of its own time: a counter between the simulated instants around
+    # it (interpolated), never a value from one interval earlier stamped later
+    counters: dict[str, list[float]] = {}
+    for ln in (tmp_path / "x.om").read_text().splitlines():
+        m = re.match(r'vllm:generation_tokens_total\{(.*)\} (\S+) \S+$', ln)
+        if m and 'instance="' + runs[0].spec.instance() in m.group(1):
+            counters.setdefault(re.search(r'job="([^"]+)"', m.group(1)).group(1), []).append(float(m.group(2)))
+    base, shifted = np.array(counters["j-base"]), np.array(counters["j-phase"])
+    assert len(base) == len(shifted) and (np.diff(shifted) >= 0).all()
+    assert (shifted[:-1] >= base[:-1]).all() and (shifted[:-1] <= base[1:]).all()
+    assert (shifted[:-1] > base[:-1]).any()
 
 
 def test_exemptions_are_narrow() -> None:

@@ -139,7 +139,7 @@ _KV_OVER: dict[Dialect, frozenset[str]] = {
 class Variant:
     """One perturbation: ``drop`` an optional signal, keep every ``every``-th scrape (15 s
     base: 2 → 30 s, 4 → 60 s), cut scrape ``gaps``, ``reset`` counters once, ``churn`` a label,
-    scrape at a ``phase`` of the target's own (see :func:`_phase`)."""
+    scrape at a ``phase`` of the target's own (see :class:`_Phase`)."""
 
     name: str
     drop: str | None = None
@@ -195,16 +195,36 @@ def _keep_mask(run: TargetRun, variant: Variant) -> np.ndarray:
     return keep
 
 
-def _phase(run: TargetRun, ts: np.ndarray) -> np.ndarray:
-    """Scrape times as a real Prometheus takes them: each target at its own offset into the
-    interval (Prometheus spreads targets by a hash), 0-1 interval after the simulated instant,
-    and each scrape ±10 % of the interval late or early (jitter). Seconds, still increasing;
-    scrapes that land after the last instant are simply not visible to an evaluation there."""
-    if len(ts) < 2:
-        return ts
-    step = float(ts[1] - ts[0])
-    rng = np.random.default_rng(seed_of(run.spec.name, "phase"))
-    return np.round(ts + rng.uniform(0.0, step) + rng.uniform(-0.1, 0.1, len(ts)) * step, 3)
+@dataclass(frozen=True)
+class _Phase:
+    """Where a target's scrapes land when Prometheus scrapes it at its own phase: ``offset``
+    seconds (0-1 interval) after each simulated instant, each ±10 % of the interval early or
+    late (jitter). Values are read at the shifted instant from the simulated ones: counters
+    (and histogram buckets, which stay cumulative) interpolated, gauges from the nearer
+    instant, so a scrape sees the state of its own time give or take half an interval."""
+
+    offset: float
+    step: float
+    jitter: np.ndarray
+
+    @staticmethod
+    def of(run: TargetRun, ts: np.ndarray) -> _Phase | None:
+        if len(ts) < 2:
+            return None
+        step = float(ts[1] - ts[0])
+        rng = np.random.default_rng(seed_of(run.spec.name, "phase"))
+        return _Phase(float(rng.uniform(0.0, step)), step, rng.uniform(-0.1, 0.1, len(ts)) * step)
+
+    def times(self, ts: np.ndarray) -> np.ndarray:
+        return np.round(ts + self.offset + self.jitter, 3)
+
+    def values(self, v: np.ndarray, counter: bool) -> np.ndarray:
+        if counter:
+            frac = self.offset / self.step
+            nxt = np.append(v[1:], v[-1])
+            return v + frac * (nxt - v)
+        shift = 1 if self.offset > self.step / 2 else 0
+        return np.append(v[shift:], np.repeat(v[-1:], shift))
 
 
 def _values(value: object, n: int) -> np.ndarray:
@@ -226,12 +246,13 @@ def target_series(run: TargetRun, variant: Variant, job: str, port: int = DEFAUL
     patterns = optional_families(dialect).get(variant.drop, ()) if variant.drop else ()
     keep = _keep_mask(run, variant)
     ts = np.round(run.wall_times, 3)
-    if variant.phase:
-        ts = _phase(run, ts)
+    phase = _Phase.of(run, ts) if variant.phase else None
     rng = np.random.default_rng(seed_of(run.spec.name, "perturb"))
     n = len(ts)
     cut = n - 1 - int(rng.uniform(5 * 60, 25 * 60) / max(float(ts[1] - ts[0]), 1.0)) if n > 1 else 0
     churn_at = n - 1 - int(rng.uniform(15 * 60, 25 * 60) / max(float(ts[1] - ts[0]), 1.0)) if n > 1 else 0
+    if phase is not None:
+        ts = phase.times(ts)
     target: Labels = (("instance", run.spec.instance(port)), ("job", job))
     for fam in families(dialect, run.views(), run.spec.model_name):
         drop = _dropped(fam, patterns) if patterns else []
@@ -242,6 +263,8 @@ def target_series(run: TargetRun, variant: Variant, job: str, port: int = DEFAUL
             if i in drop:
                 continue
             v = _values(s.value, n)
+            if phase is not None:
+                v = phase.values(v, _counter_like(fam))
             if variant.reset and _counter_like(fam) and 0 < cut < n:
                 v[cut:] -= v[cut - 1]  # the exporter restarted: counting starts again from 0
                 v[cut:] = np.maximum(v[cut:], 0.0)
