@@ -2983,3 +2983,32 @@ def test_a_tail_one_burst_brought_into_the_latency_window_is_no_slice(tail_since
     r = diagnose_one(base(kv_usage=kv, waiting=waiting, ttft_p50=const(0.013), ttft_p99=p99,
                           ttft_mean=const(0.22)))
     assert r.state is state, (r.state, [d.rule_id for d in r.diagnoses])
+
+
+def test_a_pool_a_few_big_requests_fill_is_full_while_its_queue_never_clears() -> None:
+    """Held-out rnd-216-049 (Triton TensorRT-LLM, steady arrivals at 1.4x what the pool holds,
+    full by mechanism: taken blocks hold the queue): about 24 average requests (2,460 tokens
+    each) fill its 59K-token pool, so usage drops by whole requests between admissions and
+    hovers at 60-100 % (median 0.84) while 800-900 requests wait at every sample. It read
+    `unknown` ("requests queued, no rule explains it"). A pool that refills to full (p90 ≥ 0.95)
+    whenever the head of the queue fits, with a queue that never clears, is full; the same
+    coarse usage with the queue clearing between refills is not (oscillating's ground)."""
+    kv = [0.843, 0.999, 0.958, 0.995, 0.996, 0.917, 0.81, 0.883, 0.983, 0.982, 0.976, 0.913, 0.721, 0.996,
+          0.672, 0.926, 0.97, 0.99, 0.991, 0.9, 0.671, 0.959, 0.99, 0.705, 0.744, 0.992, 0.897, 0.919, 0.746,
+          0.983, 0.6, 0.995, 0.997, 0.848, 0.886, 0.995, 0.722, 0.976, 0.995, 0.989, 0.959, 0.995, 0.748, 0.93,
+          0.81, 0.705, 0.836, 0.76, 0.945, 0.747, 0.921, 0.979, 0.803, 0.892, 0.835, 0.673, 0.977, 0.985,
+          0.949, 0.727, 0.841]
+    waiting = [841, 854, 858, 849, 855, 845, 867, 851, 839, 852, 842, 838, 834, 825, 816, 803, 820, 828, 859,
+               842, 854, 865, 880, 878, 878, 855, 816, 805, 808, 817, 826, 832, 825, 829, 827, 837, 847, 860,
+               869, 847, 869, 898, 912, 912, 881, 869, 889, 891, 884, 867, 842, 809, 836, 859, 862, 866, 850,
+               857, 846, 859, 874]
+    running = [12, 25, 35, 21, 18, 17, 23, 20, 26, 22, 18, 26, 18, 6, 19, 16, 12, 33, 16, 19, 13, 25, 12, 23,
+               19, 28, 34, 20, 22, 11, 10, 14, 16, 6, 14, 14, 19, 28, 16, 12, 13, 12, 18, 10, 34, 21, 32, 23, 17,
+               19, 26, 34, 23, 4, 18, 17, 29, 17, 38, 15, 15]
+    over = {"kv_capacity_tokens": const(59_488)}
+    r = diagnose_one(recorded(kv, waiting, running, **over))
+    assert r.state is FailureMode.FULL, (r.state, [d.rule_id for d in r.diagnoses])
+    # the queue clears between the refills: not a pool that binds all along
+    cleared = np.where(np.arange(N) % 6 < 2, 0.0, np.array(waiting, dtype=float))
+    r = diagnose_one(recorded(kv, list(cleared), running, **over))
+    assert r.state is not FailureMode.FULL, (r.state, [d.rule_id for d in r.diagnoses])
