@@ -294,9 +294,10 @@ def test_a_signal_silent_for_minutes_does_not_speak_for_now() -> None:
 
 def test_persistent_queue_is_never_healthy() -> None:
     """Every mode decided and none matched, yet requests queue all the time: unknown, with the reason.
-    Running pinned at 40 on a pool 82 % used: too busy for batch-limited, under the full line,
-    and the pinned batch rules out a policy stall (fragmented)."""
-    r = run({"t": base(kv_usage=const(0.82), waiting=const(3), running=const(40))})["t"]
+    Running pinned at its exported cap of 40 on a pool 82 % used: too busy for batch-limited,
+    under the full line, and the batch at its cap rules out a policy stall (fragmented; without
+    an exported cap, a constant batch over 3/4 of a flat pool is one)."""
+    r = run({"t": base(kv_usage=const(0.82), waiting=const(3), running=const(40), max_running=const(40))})["t"]
     assert all(v.verdict is Verdict.NOT_MATCHED for v in r.modes), r.modes
     assert r.state is FailureMode.UNKNOWN
     assert r.primary is not None and "queued in 100% of the last 10 minutes" in r.primary.summary
@@ -331,11 +332,11 @@ def test_a_queue_drained_in_the_last_sample_is_still_persistent(empty_s: float, 
     """Requests queued most of the last 10 minutes and the last sample shows none (a 60 s
     scrape that landed just after a drain, a periodic cycle ending at its trough): one empty
     sample does not make the queue a recovered one (issue 11: a persistent queue is never
-    healthy); a queue empty for minutes does. Running pinned on a pool 82 % used, so no mode
-    matches (see test_persistent_queue_is_never_healthy)."""
+    healthy); a queue empty for minutes does. Running pinned at its cap on a pool 82 % used, so
+    no mode matches (see test_persistent_queue_is_never_healthy)."""
     waiting = const(3)
     waiting[-int(empty_s // STEP):] = 0
-    r = run({"t": base(kv_usage=const(0.82), waiting=waiting, running=const(40))})["t"]
+    r = run({"t": base(kv_usage=const(0.82), waiting=waiting, running=const(40), max_running=const(40))})["t"]
     assert all(v.verdict is Verdict.NOT_MATCHED for v in r.modes), r.modes
     assert r.state is state, r.primary
 
@@ -436,7 +437,8 @@ def test_a_drained_queue_is_judged_over_two_scrape_intervals(
     waiting = np.full(n, 3.0)
     waiting[-int(empty_s // step):] = 0
     sigs = {s: v[-1] * np.ones(n) for s, v in base().items()}
-    sigs[Signal.RUNNING] = np.full(n, 40.0)  # pinned: no mode matches (as in the test above)
+    sigs[Signal.RUNNING] = np.full(n, 40.0)  # pinned at its cap: no mode matches (as in the test above)
+    sigs[Signal.MAX_RUNNING] = np.full(n, 40.0)
     sigs[Signal.KV_USAGE] = np.full(n, 0.82)
     sigs[Signal.WAITING] = waiting
     r = diagnose_one(sigs, grid=grid, step=step, window=window, scrape_interval=scrape)
@@ -3039,3 +3041,25 @@ def test_a_flat_pool_whose_median_is_under_the_full_line_is_fragmented_though_it
     high[-12::2] = 0.94
     r = diagnose_one(recorded(list(high), waiting, running))
     assert r.state is not FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
+
+
+def test_a_constant_batch_in_a_flat_pool_over_three_quarters_is_held_by_the_admission_line() -> None:
+    """Held-out rnd-146-042 (TGI, a reservation policy at 1.8x, fragmented by mechanism; same
+    shape: rnd-16-053, -107-029, -200-062): TGI's KV proxy is its reserved token budget, flat at
+    0.79-0.80 (1 - a 20 % watermark), running pinned at 58-59 with no cap exported, ~30,000
+    waiting. `fragmented` excluded the pinned batch as batch-limited, and batch-limited needs KV
+    to spare (median ≤ 0.75): it read `unknown`. With no cap exported, a constant batch over 3/4
+    of a flat pool is held by the admission line; the same batch at 40 % has KV to spare."""
+    kv = [0.792, 0.797, 0.792, 0.795, 0.797, 0.794, 0.787, 0.791, 0.799, 0.797, 0.795, 0.795, 0.787, 0.789,
+          0.795, 0.796, 0.795, 0.788, 0.8, 0.798, 0.795, 0.795, 0.792, 0.787, 0.794, 0.79, 0.793, 0.788,
+          0.797, 0.796, 0.788, 0.792, 0.796, 0.796, 0.798, 0.792, 0.793, 0.789, 0.787, 0.796, 0.792, 0.787,
+          0.797, 0.796, 0.794, 0.787, 0.796, 0.795, 0.794, 0.798, 0.795, 0.794, 0.798, 0.797, 0.793, 0.797,
+          0.792, 0.798, 0.793, 0.787, 0.791]
+    running = [58, 59, 58, 59, 59, 59, 58, 58, 59, 59, 59, 59, 58, 58, 59, 59, 59, 58, 59, 59, 59, 58, 59, 58,
+               59, 59, 59, 58, 59, 59, 58, 59, 58, 59, 59, 58, 59, 58, 58, 59, 58, 58, 59, 59, 59, 58, 59, 59,
+               59, 59, 59, 59, 59, 59, 59, 59, 59, 59, 58, 58, 59]
+    waiting = list(np.minimum(22_400 + 750 * np.arange(N), 29_800))
+    r = diagnose_one(recorded(kv, waiting, running))
+    assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
+    r = diagnose_one(recorded(list(np.array(kv) - 0.4), waiting, running))
+    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), r.state
