@@ -16,6 +16,7 @@ healthy, and the static ``min_over_time(kv[5m]) > 0.9`` alert on the same data.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -45,8 +46,9 @@ def run(work: Path, *, targets: int, seeds: list[int], share: float, variants: t
     t0 = time.monotonic()
     if reuse:
         doc = json.loads((work / "manifest.json").read_text())
-        fields = ("name", "drop", "every", "gaps", "reset", "churn", "phase")
-        variants = tuple(perturb.Variant(**{k: v[k] for k in fields if k in v}) for v in doc["variants"])
+        # a manifest written before a Variant field existed lacks it: its default applies
+        names = [f.name for f in dataclasses.fields(perturb.Variant)]
+        variants = tuple(perturb.Variant(**{k: v[k] for k in names if k in v}) for v in doc["variants"])
         t1 = t2 = time.monotonic()
     else:
         doc = build(work, n=targets, seeds=seeds, variants=variants, share=share,
