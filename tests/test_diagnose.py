@@ -3084,3 +3084,63 @@ def test_a_pool_at_the_full_line_with_a_queue_at_every_sample_is_full_or_fragmen
     assert r.state is FailureMode.FULL, (r.state, [d.rule_id for d in r.diagnoses])
     r = diagnose_one(recorded(list(np.array(kv) - 0.06), waiting, running))
     assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
+
+
+def _settled_slice_after_retractions(last_event_ago_s: float, rate_window_s: float = 120.0) -> object:
+    """A settled slice (as above: nobody queued for 660 s) whose pool last preempted
+    ``last_event_ago_s`` ago; the preemption *rate* reads that event for a rate window after it."""
+    sigs = _settled_slice_after_a_queue(660.0)
+    age = GRID[-1] - GRID
+    sigs[Signal.PREEMPTIONS] = np.where((age <= last_event_ago_s) & (age > last_event_ago_s - rate_window_s), 0.05, 0.0)
+    names = {"vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
+             "vllm:num_preemptions_total", "vllm:request_queue_time_seconds_sum",
+             "vllm:request_queue_time_seconds_count", "vllm:request_queue_time_seconds_bucket"}
+    return _diagnose_as(Target(TargetKey("vllm", "e"), "vllm-v1", "vllm", "m", names=frozenset(names)), sigs,
+                        rate_window_s)
+
+
+def test_a_preemption_rate_that_reads_an_episode_older_than_the_latency_reach_does_not_hold_a_settled_tail() -> None:
+    """Held-out corpus 231 232 (rnd-232-068, SGLang behind Ray; rnd-232-072, vLLM 0.10): an
+    oscillation episode ended 12 minutes ago (its last retraction ~11 min ago, its last queued
+    request 11 min ago) and the newest 10-minute quantiles hold a slice of slow requests; the
+    settled misread rule met 9 of 10 conditions and the pool read healthy, because the 2-minute
+    rate of the retraction counter still read the episode at the first sample of the last 10
+    minutes. A rate reads an event for a rate window after it: the event is that much older."""
+    r = _settled_slice_after_retractions(700.0)
+    assert r.state is FailureMode.MISREAD and r.primary.rule_id == "misread-ttft-tail-settled", r.diagnoses
+
+
+def test_a_preemption_inside_the_latency_reach_still_holds_a_settled_tail_back() -> None:
+    """The converse: a retraction 8 minutes ago happened among the requests the newest quantile
+    summarises (the pool ran out of blocks at a burst the queue gauge never showed)."""
+    r = _settled_slice_after_retractions(480.0)
+    assert r.state is not FailureMode.MISREAD, r.primary
+
+
+def test_a_small_batch_that_wanders_one_under_its_maximum_is_no_cap() -> None:
+    """Held-out rnd-232-045 (SGLang 0.5, reserve-for-max-output admission at 2.3x, fragmented by
+    mechanism; same shape: rnd-16-031, rnd-78-023, rnd-108-066, rnd-146-048, rnd-146-074,
+    rnd-226-020): ~1,050 waiting, KV flat at 20-27 %, running 30 or 31 with no cap exported and
+    31 in fewer than half of the samples. Within the one-unit band a small batch always looks
+    pinned, and it read `idle (batch_limited)`. A cap holds the batch *at* its maximum (the
+    scrapes between a finish and the next admission are the exception: vLLM V1 counts running
+    after removing the step's finished requests); reservations admit a count that wanders with
+    the sizes reserved, so its maximum is an excursion. Converse: the same batch at 31 in nine
+    samples of ten is held by a cap."""
+    kv = [0.249, 0.265, 0.229, 0.223, 0.219, 0.254, 0.239, 0.231, 0.235, 0.228, 0.211, 0.219, 0.237, 0.233,
+          0.225, 0.221, 0.2, 0.215, 0.247, 0.232, 0.254, 0.219, 0.199, 0.236, 0.253, 0.245, 0.239, 0.213, 0.229,
+          0.239, 0.246, 0.238, 0.198, 0.2, 0.243, 0.198, 0.204, 0.208, 0.214, 0.225, 0.204, 0.204, 0.21, 0.203,
+          0.21, 0.273, 0.233, 0.198, 0.175, 0.205, 0.197, 0.214, 0.228, 0.204, 0.229, 0.241, 0.215, 0.212, 0.222,
+          0.24, 0.217]
+    waiting = [1105, 1096, 1080, 1076, 1085, 1070, 1069, 1063, 1041, 1061, 1057, 1048, 1028, 1027, 1041, 1026,
+               1040, 1048, 1038, 1030, 1065, 1058, 1046, 1060, 1060, 1042, 1027, 1023, 1052, 1056, 1046, 1064,
+               1056, 1052, 1056, 1049, 1049, 1055, 1078, 1101, 1096, 1086, 1085, 1077, 1076, 1069, 1051, 1058,
+               1064, 1067, 1088, 1070, 1053, 1058, 1057, 1056, 1060, 1063, 1070, 1081, 1067]
+    running = [30, 30, 30, 30, 31, 29, 30, 31, 30, 30, 30, 30, 30, 30, 30, 30, 30, 30, 30, 30, 30, 30, 31, 30,
+               30, 30, 31, 30, 31, 30, 30, 30, 30, 31, 30, 31, 31, 31, 31, 30, 31, 31, 30, 31, 31, 30, 30, 31, 31,
+               30, 31, 30, 30, 31, 30, 30, 31, 31, 31, 31, 30]
+    r = diagnose_one(recorded(kv, waiting, running))
+    assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
+    capped = [31.0 if i % 10 else 30.0 for i in range(N)]
+    r = diagnose_one(recorded(kv, waiting, capped))
+    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), r.state

@@ -119,6 +119,9 @@ FACTS: dict[str, str] = {
     "queue_reach_s": "how long (s) the last queue reading must be past for the newest latency quantile to hold "
                      "no queued request: latency_reach_s, less the rate window where waiting is a Little's-law "
                      "estimate (it reads a wait when the request leaves the queue and holds it a rate window)",
+    "preemption_reach_s": "how long (s) the preemption rate must have read none for the newest latency quantile "
+                          "to hold no request of a preemption: latency_reach_s less the rate window (a rate reads "
+                          "an event for a rate window after it)",
     "queue_mean_recency_s": "how old (s) the last queue-time mean reading a queue may be for that queue to lie "
                             "within oscillating's 10-minute recency: 600 s less the span the mean is taken over (the "
                             "latency window for a histogram mean, the rate window for Triton's counters); 0 from a "

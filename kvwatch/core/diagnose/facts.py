@@ -65,6 +65,9 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "latency_reach_s": p.latency_reach_s,
         "latency_requests": _latency_requests(view),
         "queue_reach_s": p.latency_reach_s - _estimate_lag_s(view),
+        # a preemption rate reads an event for a rate window after it (every dialect's
+        # preemptions are a rate or a rate-window mean)
+        "preemption_reach_s": p.latency_reach_s - view.data.rate_window(view.key),
         "queue_mean_recency_s": max(0.0, OSCILLATION_RECENCY_S - _queue_mean_span_s(view)),
         "period": period,
         "period_minutes": None if period is None else period / 60,

@@ -82,12 +82,15 @@ def _frac(s: SpanMatrix, hit: np.ndarray) -> np.ndarray:
     return np.where(s.empty, np.nan, hit.sum(axis=1) / np.maximum(s.n, 1))
 
 
-def _frac_near_max(s: SpanMatrix, arg: float | None) -> np.ndarray:
-    tol = 0.05 if arg is None else arg
-    top = np.nanmax(s.m, axis=1)
-    thr = top - np.maximum(top * tol, 1.0)
-    frac = (s.m >= thr[:, None]).sum(axis=1) / np.maximum(s.n, 1)
-    return np.where(s.empty, np.nan, np.where(top <= 0, 0.0, frac))
+def _near_max(floor: float) -> FleetFn:
+    """Share of samples within ``arg`` (relative, default 0.05, at least ``floor`` units) of the max."""
+    def fn(s: SpanMatrix, arg: float | None) -> np.ndarray:
+        tol = 0.05 if arg is None else arg
+        top = np.nanmax(s.m, axis=1)
+        thr = top - np.maximum(top * tol, floor)
+        frac = (s.m >= thr[:, None]).sum(axis=1) / np.maximum(s.n, 1)
+        return np.where(s.empty, np.nan, np.where(top <= 0, 0.0, frac))
+    return fn
 
 
 def _slope(s: SpanMatrix, arg: float | None) -> np.ndarray:
@@ -152,7 +155,11 @@ _TABLE: tuple[Statistic, ...] = (
         lambda st, arg: st.frac_below(0.0 if arg is None else arg),
     ),
     Statistic(
-        "frac_near_max", False, _frac_near_max, lambda st, arg: st.frac_near_max(0.05 if arg is None else arg)
+        "frac_near_max", False, _near_max(1.0), lambda st, arg: st.frac_near_max(0.05 if arg is None else arg)
+    ),
+    # the same band without the one-unit floor: a count's own maximum, where the band is under a unit
+    Statistic(
+        "frac_at_max", False, _near_max(0.5), lambda st, arg: st.frac_near_max(0.05 if arg is None else arg, 0.5)
     ),
     # walks along one series: no fleet kernel
     Statistic("pinned_tail", False, None, lambda st, arg: st.pinned_tail(0.02 if arg is None else arg)),

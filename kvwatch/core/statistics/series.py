@@ -116,16 +116,17 @@ class SeriesStats:
         """Fraction of samples ≤ x."""
         return np.count_nonzero(self.v <= x) / len(self.v) if len(self.v) else None
 
-    def frac_near_max(self, tol: float = 0.05) -> float | None:
-        """Fraction of samples within ``tol`` (relative, but at least 1 unit) of the span's
-        maximum: 'pinned at a ceiling'. The 1-unit floor keeps a small request cap (8)
-        pinned when a scrape lands between one request finishing and the next admitted."""
+    def frac_near_max(self, tol: float = 0.05, floor: float = 1.0) -> float | None:
+        """Fraction of samples within ``tol`` (relative, but at least ``floor`` units) of the
+        span's maximum: 'pinned at a ceiling'. The 1-unit floor keeps a small request cap (8)
+        pinned when a scrape lands between one request finishing and the next admitted; a
+        half-unit floor (``frac_at_max``) counts a small count's own maximum only."""
         if not len(self.v):
             return None
         top = float(self.v.max())
         if top <= 0:
             return 0.0
-        return np.count_nonzero(self.v >= top - max(top * tol, 1.0)) / len(self.v)
+        return np.count_nonzero(self.v >= top - max(top * tol, floor)) / len(self.v)
 
     @property
     def last_above(self) -> float | None:
