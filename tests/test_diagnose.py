@@ -3144,3 +3144,30 @@ def test_a_small_batch_that_wanders_one_under_its_maximum_is_no_cap() -> None:
     capped = [31.0 if i % 10 else 30.0 for i in range(N)]
     r = diagnose_one(recorded(kv, waiting, capped))
     assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), r.state
+
+
+def test_a_large_batch_whose_maximum_is_a_rare_excursion_is_no_cap() -> None:
+    """Held-out rnd-78-052 (vLLM 0.8.2, reserve-for-max-output admission at 1.6x, fragmented by
+    mechanism; same shape: rnd-16-044, rnd-62-034, rnd-77-048, rnd-200-025, rnd-218-039,
+    rnd-226-035): ~17,800 waiting, KV flat at 12 %, running 577-584 with no cap exported: within
+    2 % of its maximum at every sample, so "pinned at a constant maximum", read batch-limited. But
+    584 was reached once: a cap is reached again and again, a wandering count's maximum is its
+    rare excursion. vLLM V1 counts running after a step's finished requests left, so a cap reads
+    exactly at the cap with probability e^-λ (λ: completions per step); the converse, a cap of 584
+    dipping by Poisson(1.5) completions (at the cap in ~22 % of the samples), is batch-limited."""
+    kv = [0.122, 0.119, 0.12, 0.124, 0.131, 0.125, 0.123, 0.121, 0.122, 0.122, 0.123, 0.122, 0.12, 0.12, 0.125,
+          0.125, 0.123, 0.123, 0.119, 0.124, 0.124, 0.126, 0.12, 0.12, 0.126, 0.121, 0.122, 0.118, 0.123, 0.118,
+          0.124, 0.119, 0.126, 0.125, 0.122, 0.123, 0.122, 0.119, 0.124, 0.122, 0.124, 0.121, 0.122, 0.127, 0.13,
+          0.124, 0.123, 0.124, 0.121, 0.121, 0.118, 0.12, 0.12, 0.121, 0.115, 0.123, 0.123, 0.118, 0.119, 0.117,
+          0.125]
+    waiting = list(np.minimum(9_586 + 350 * np.arange(N), 17_900))
+    running = [581, 582, 582, 581, 578, 579, 579, 579, 580, 581, 579, 581, 582, 580, 579, 580, 580, 581, 582, 579,
+               578, 577, 581, 580, 579, 581, 578, 581, 578, 581, 579, 582, 580, 577, 578, 581, 579, 580, 581, 579,
+               580, 581, 579, 577, 578, 580, 579, 580, 580, 581, 581, 582, 581, 581, 584, 581, 581, 582, 582, 582,
+               580]
+    r = diagnose_one(recorded(kv, waiting, running))
+    assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
+    capped = list(584.0 - np.random.default_rng(1).poisson(1.5, N))
+    assert 0.15 <= float(np.mean(np.array(capped)[-21:] == 584.0)) <= 0.35  # the V1 dips the converse stands for
+    r = diagnose_one(recorded(kv, waiting, capped))
+    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), r.state
