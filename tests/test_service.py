@@ -217,3 +217,25 @@ def test_overrunning_evaluation_is_dropped_and_reported(tmp_path: Path, caplog: 
     assert second.dropped == ["evaluation (the previous one is still running)"]
     lines = [r.message for r in caplog.records if "kvwatch cycle" in r.message]
     assert len(lines) == 2 and all("dropped: evaluation" in ln for ln in lines)
+
+
+def test_a_note_on_the_configuration_is_logged_when_it_appears_and_not_every_cycle(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The service logs kvwatch's remark on its configuration against the data (an SLO inside a
+    TTFT bucket) once when it appears and again only when it changes, not every minute."""
+    svc, _rec, clock, _m = make(tmp_path, [[]])
+    note = "the TTFT SLO (2 s, evaluation.ttft_slo) lies inside the TTFT bucket (1, 2.5]"
+    notes = [(note,), (note,), (), (note,)]
+
+    def evaluator(client: object, settings: Settings, rules: object, at: datetime) -> Evaluation:
+        return Evaluation(evaluated_at=at, results=(), window_s=600.0, notes=notes.pop(0))
+
+    svc.evaluator = evaluator
+    caplog.set_level(logging.INFO, logger="kvwatch")
+    for _ in range(4):
+        svc.cycle()
+        clock.t += 60
+    logged = [r.getMessage() for r in caplog.records if "inside the TTFT bucket" in r.getMessage()]
+    assert len(logged) == 2 and all(r.levelno == logging.WARNING for r in caplog.records
+                                    if "inside the TTFT bucket" in r.getMessage()), logged

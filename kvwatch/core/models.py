@@ -310,6 +310,8 @@ class Evaluation:
     scrape_interval_s: float | None = None
     #: targets scraped slower than the fleet → the rate window their counters were read with, s
     target_rate_windows: Mapping[TargetKey, float] = field(default_factory=dict)
+    #: kvwatch's own remarks on the configuration against the data (e.g. an SLO inside a bucket)
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -323,4 +325,5 @@ class Evaluation:
             "targets": [r.to_json() for r in self.results],
             "queries": self.queries,
             "warnings": list(self.warnings),
+            "notes": list(self.notes),
         }

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from kvwatch.config import Settings
+from kvwatch.core.bounds import bucket_around
 from kvwatch.core.churn import (
     fresh_span,
     rate_signals,
@@ -198,6 +199,32 @@ def triage_fetch(
     return fetch
 
 
+def _seconds(x: float) -> str:
+    return f"{x:g} s"
+
+
+def slo_bucket_note(targets: list[Target], data: FleetData, slo_s: float) -> str | None:
+    """A remark where the TTFT SLO (s) lies strictly inside a TTFT histogram bucket of some
+    targets: a p99 anywhere in that bucket is an interpolation that cannot be compared with the
+    SLO (misread's "over the SLO" is then not established), so the bucket's bounds are the SLOs
+    the data can decide. None where every layout has the SLO as a bound (or none is known)."""
+    inside: dict[tuple[float, float], list[TargetKey]] = {}
+    for t in targets:
+        bounds = data.buckets.get(t.key, {}).get(Signal.TTFT_P99)
+        bucket = bucket_around(slo_s, bounds) if bounds else None
+        if bucket is not None:
+            inside.setdefault(bucket, []).append(t.key)
+    if not inside:
+        return None
+    (lo, hi), keys = max(inside.items(), key=lambda kv: len(kv[1]))
+    n = sum(len(v) for v in inside.values())
+    choices = " or ".join(_seconds(b) for b in (lo, hi) if b > 0)
+    return (f"the TTFT SLO ({_seconds(slo_s)}, evaluation.ttft_slo) lies inside the TTFT bucket "
+            f"({lo:g}, {hi:g}] of {n} of {len(targets)} targets (e.g. {keys[0]}): a p99 between "
+            f"{_seconds(lo)} and {_seconds(hi)} cannot be compared with it (misread stays unestablished "
+            f"there); an SLO at a bucket bound, {choices}, can be decided")
+
+
 def counted(
     client: QueryClient, settings: Settings, at: datetime,
     body: Callable[[], tuple[list[Target], FleetData]], rules: RuleSet, explain: str | None = None,
@@ -222,9 +249,10 @@ def counted(
     else:
         seen = getattr(stats, "warnings", [])
     warnings = tuple(dict.fromkeys(seen))[:10]
+    note = slo_bucket_note(targets, data, ev.ttft_slo)
     return Evaluation(evaluated_at=at, results=results, window_s=ev.window, queries=queries, warnings=warnings,
                       rate_window_s=data.rate_window_s, scrape_interval_s=data.scrape_interval_s,
-                      target_rate_windows=dict(data.target_rate_window_s))
+                      target_rate_windows=dict(data.target_rate_window_s), notes=(note,) if note else ())
 
 
 def evaluate(

@@ -101,4 +101,6 @@ def to_text(ev: Evaluation, *, color: bool = False, verbose: bool = True) -> str
         lines.append("")
     if ev.warnings:
         lines.append("Prometheus warnings: " + clip_width(printable("; ".join(ev.warnings)), LINE_WIDTH))
+    for note in ev.notes:
+        lines.append("Note: " + clip_width(printable(note), LINE_WIDTH))
     return "\n".join(lines).rstrip() + "\n"

@@ -113,6 +113,8 @@ class Service:
     _clear: set[tuple[str, str]] | None = field(default=None, init=False, repr=False)
     #: open Slack threads of such engines were resolved once after start
     _swept: bool = field(default=False, init=False, repr=False)
+    #: the evaluation's notes last logged (logged again only when they change)
+    _notes: tuple[str, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.lifecycle = Lifecycle(self.settings.lifecycle)
@@ -162,6 +164,10 @@ class Service:
         try:
             ev = self._evaluate(now, EVAL_SHARE * interval)
             if ev is not None:
+                if ev.notes != self._notes:  # a remark on the configuration: once, not every cycle
+                    for note in ev.notes:
+                        log.warning("kvwatch: %s", note)
+                    self._notes = ev.notes
                 self._track(ev, now, report)
         except _Dropped as exc:
             report.ok = False
