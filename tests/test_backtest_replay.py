@@ -191,3 +191,23 @@ def test_an_incident_that_changes_mode_keeps_every_mode_it_carried() -> None:
                                                   (FailureMode.FULL, first_full)]
     assert inc.opened_at == first_frag + PARAMS.lifecycle.pending_for
     assert inc.to_json()["modes"][0]["mode"] == "fragmented"
+
+
+def test_a_replayed_step_reads_the_rate_windows_the_history_was_fetched_with() -> None:
+    """Facts subtract the rate window a counter was read with (a preemption rate reads an event
+    a rate window late: preemption_reach_s; an estimated queue outlasts the queue: queue_reach_s).
+    A replayed step must carry the fleet's and each slow target's window, as `once` records them;
+    it read 0 s ("not recorded"), so the backtest held a settled tail back 2 minutes longer."""
+    from kvwatch.tools.backtest.window import StepView
+
+    slow, fast = Target(TargetKey("j", "slow"), "vllm-v1", "vllm", "m"), Target(TargetKey("j", "fast"), "vllm-v1", "vllm", "m")
+    grid = 1_000_000.0 + 30.0 * np.arange(80)
+    layer = FleetData(grid=grid, targets={slow.key: slow, fast.key: fast}, rate_window_s=120.0,
+                      target_rate_window_s={slow.key: 240.0})
+    for t in (slow, fast):
+        layer.sourced[t.key] = {Signal.KV_USAGE}
+        layer.put(t.key, Signal.KV_USAGE, np.full(len(grid), 0.5))
+    view = StepView([layer], {slow.key: 0, fast.key: 0}, [slow, fast], float(grid[-1]), 1800.0)
+    assert (view.rate_window(fast.key), view.rate_window(slow.key)) == (120.0, 240.0)
+    window = WindowData(layer, float(grid[-1]), 1800.0)
+    assert (window.rate_window(fast.key), window.rate_window(slow.key)) == (120.0, 240.0)

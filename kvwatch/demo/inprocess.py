@@ -52,7 +52,7 @@ def fleet_data(fleet: DemoFleet, grid: np.ndarray, rate_window: float,
     """Targets and the signals their dialect sources yield, on ``grid`` (Unix s, a subset
     of the scrape times). Engines matching no dialect are left out, as discovery would."""
     targets: list[Target] = []
-    data = FleetData(grid=grid, targets={})
+    data = FleetData(grid=grid, targets={}, rate_window_s=rate_window)  # as a Prometheus fetch records it
     for run in fleet.runs:
         series = exposed(run)
         target = discovered(run, series, fleet.job)

@@ -93,7 +93,12 @@ def fetch_history(client: QueryClient, targets: list[Target], spec: HistorySpec)
         parts.append(data)
         hi -= n + 1
     parts.reverse()
-    return _concat(parts, targets)
+    out = _concat(parts, targets)
+    # the windows the counters were read with, as `once` records them (facts such as
+    # queue_reach_s and preemption_reach_s subtract them)
+    out.rate_window_s = parse_duration(spec.rate_window)
+    out.target_rate_window_s = dict(spec.slow)
+    return out
 
 
 def source_sig(target: Target) -> frozenset:

@@ -24,7 +24,8 @@ class WindowData(FleetData):
         lo = int(np.searchsorted(base.grid, at - window_s - _EPS, side="left"))
         hi = int(np.searchsorted(base.grid, at + _EPS, side="right"))
         super().__init__(grid=base.grid[lo:hi], targets=base.targets, sourced=base.sourced, extras=base.extras,
-                         ceilings=base.ceilings, buckets=base.buckets)
+                         ceilings=base.ceilings, buckets=base.buckets, rate_window_s=base.rate_window_s,
+                         scrape_interval_s=base.scrape_interval_s, target_rate_window_s=base.target_rate_window_s)
         self._base = base
         self._slice = slice(lo, hi)
 
@@ -46,7 +47,8 @@ class StepView(FleetData):
     def __init__(self, layers: list[FleetData], route: dict[TargetKey, int], targets: list[Target],
                  at: float, window_s: float) -> None:
         views = [WindowData(layer, at, window_s) for layer in layers]
-        super().__init__(grid=views[0].grid, targets={t.key: t for t in targets})
+        super().__init__(grid=views[0].grid, targets={t.key: t for t in targets}, rate_window_s=layers[0].rate_window_s,
+                         scrape_interval_s=layers[0].scrape_interval_s)
         self._views, self._route = views, route
         for t in targets:
             i = route.get(t.key)
@@ -58,6 +60,8 @@ class StepView(FleetData):
                 self.ceilings[t.key] = src.ceilings[t.key]
             if src is not None and t.key in src.buckets:
                 self.buckets[t.key] = src.buckets[t.key]
+            if src is not None and t.key in src.target_rate_window_s:
+                self.target_rate_window_s[t.key] = src.target_rate_window_s[t.key]
 
     def values(self, key: TargetKey, signal: Signal) -> np.ndarray | None:
         i = self._route.get(key)
