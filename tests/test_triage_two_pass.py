@@ -89,7 +89,9 @@ def check_two_pass(
 
 def test_triage_signals_are_those_no_condition_reads(tmp_path: object) -> None:
     bundled = load_ruleset()
-    assert bundled.triage_signals() == {Signal.ITL_P99, Signal.TPOT_P99}
+    # tpot_p99 decides since idle-compute-bound-tpot reads it (compute-bound where no TTFT is exported)
+    assert bundled.triage_signals() == {Signal.ITL_P99}
+    assert Signal.TPOT_P99 in bundled.decision_signals()
     # queue_p99 is read by a condition (the idle rules' guard): it decides
     assert Signal.QUEUE_P99 in bundled.decision_signals()
     # pool size and the concurrency cap feed facts every target reports, whatever the rules
@@ -98,8 +100,9 @@ def test_triage_signals_are_those_no_condition_reads(tmp_path: object) -> None:
 
 
 def test_a_rule_reading_a_triage_signal_makes_it_decide(rules: RuleSet) -> None:
-    # the extra rules compare itl_p99 in a condition: only tpot_p99 is left to triage text
-    assert rules.triage_signals() == {Signal.TPOT_P99}
+    # the extra rules compare itl_p99 in a condition: it leaves the triage-only signals and decides
+    assert Signal.ITL_P99 in load_ruleset().triage_signals()
+    assert rules.triage_signals() == frozenset() and Signal.ITL_P99 in rules.decision_signals()
 
 
 @pytest.mark.parametrize("seed", range(3))
