@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from kvwatch.core.bounds import bucket_around
+from kvwatch.core.bounds import straddled
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Evaluation, Target, TargetKey
 from kvwatch.core.pipeline import slo_bucket_note
@@ -28,6 +28,9 @@ def _fleet(layouts: dict[str, tuple[float, ...]]) -> tuple[list[Target], FleetDa
 
 
 def test_the_bucket_around_a_threshold_is_the_one_whose_interior_holds_it() -> None:
+    def bucket_around(x: float, bounds: tuple[float, ...]) -> tuple[float, float] | None:
+        return straddled(x, x, bounds)  # the threshold's own bucket, where it is no bound
+
     assert bucket_around(2.0, VLLM) == (1.0, 2.5)
     assert bucket_around(2.5, VLLM) is None and bucket_around(2.0, SGLANG) is None  # a bound itself
     assert bucket_around(0.0005, VLLM) == (0.0, 0.001)

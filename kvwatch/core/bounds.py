@@ -65,12 +65,3 @@ def straddled(value: float, threshold: float, bounds: tuple[float, ...]) -> tupl
     lo = bounds[i - 1] if i > 0 else 0.0
     return (lo, hi) if lo < threshold < hi * (1 - _EPS) else None
 
-
-def bucket_around(threshold: float, bounds: tuple[float, ...]) -> tuple[float, float] | None:
-    """The bucket ``(lo, hi]`` (finite ``bounds``, ascending) whose interior holds ``threshold``;
-    None where the threshold is a bound itself or lies past the last finite one. A quantile
-    anywhere in that bucket cannot be compared with the threshold (:func:`straddled`)."""
-    i = bisect.bisect_left(bounds, threshold * (1 - _EPS))
-    if i >= len(bounds) or abs(bounds[i] - threshold) <= abs(threshold) * _EPS:
-        return None
-    return (bounds[i - 1] if i > 0 else 0.0, bounds[i])

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from kvwatch.config import Settings
-from kvwatch.core.bounds import bucket_around
+from kvwatch.core.bounds import straddled
 from kvwatch.core.churn import (
     fresh_span,
     rate_signals,
@@ -211,7 +211,8 @@ def slo_bucket_note(targets: list[Target], data: FleetData, slo_s: float) -> str
     inside: dict[tuple[float, float], list[TargetKey]] = {}
     for t in targets:
         bounds = data.buckets.get(t.key, {}).get(Signal.TTFT_P99)
-        bucket = bucket_around(slo_s, bounds) if bounds else None
+        # the SLO's own bucket, where the SLO is not a bound: any value there straddles it
+        bucket = straddled(slo_s, slo_s, bounds) if bounds else None
         if bucket is not None:
             inside.setdefault(bucket, []).append(t.key)
     if not inside:
