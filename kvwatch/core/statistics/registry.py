@@ -169,6 +169,8 @@ _TABLE: tuple[Statistic, ...] = (
     # how long ago the signal last reached arg: in seconds, and in spacings of its own
     # episode starts (a long cycle in its trough vs a cycle that stopped)
     Statistic("since_above", True, None, lambda st, arg: st.since_above(1.0 if arg is None else arg)),
+    # ... and since it was last at arg x its own span maximum (the scale of its peaks)
+    Statistic("since_near_peak", True, None, lambda st, arg: st.since_near_peak(0.1 if arg is None else arg)),
     Statistic("quiet_spacings", True, None, lambda st, arg: st.quiet_spacings(1.0 if arg is None else arg)),
     # how long ago the signal was last at or under arg, in seconds (None: never in the span)
     Statistic("since_below", True, None, lambda st, arg: st.since_below(0.0 if arg is None else arg)),

@@ -201,6 +201,15 @@ class SeriesStats:
         at the end, is ≥ ``x``); None when no sample reaches ``x`` or the span is empty."""
         return self._since_last(self.v >= x)
 
+    def since_near_peak(self, share: float) -> float | None:
+        """:meth:`since_above` of ``share`` × the span's maximum: how long ago the signal was
+        last at its own scale (one request caught waiting where peaks queued 30 is not a peak).
+        None when the span is empty or never rises above 0."""
+        if not len(self.v):
+            return None
+        top = float(self.v.max())
+        return self._since_last(self.v >= share * top) if top > 0 else None
+
     def since_below(self, x: float) -> float | None:
         """Seconds from the last sample ≤ ``x`` to the span's end (0.0 when the last sample,
         at the end, is ≤ ``x``): how long a queue has been up without a break. None when no sample
