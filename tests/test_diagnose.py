@@ -666,6 +666,30 @@ def test_one_request_waiting_one_scrape_after_the_peaks_does_not_keep_an_oscilla
     r = diagnose_one(blind)
     assert r.state is FailureMode.UNKNOWN, (r.state, [d.rule_id for d in r.diagnoses])
 
+def test_two_bursts_half_an_hour_apart_are_no_oscillation() -> None:
+    """Held-out rnd-237-062 (LMDeploy, bursty at 0.60-0.90 of capacity, healthy by mechanism):
+    the window opens on a burst (KV 0.99, 2-5 waiting), the pool then sits 26.5 minutes without a
+    queue, and the last scrape catches the next burst (KV 1.0, 5 waiting). Two peaks, a KV
+    periodogram peak at the window's own length, and "fill, drain, fill again" read oscillating
+    (7 variants). A period longer than half the window cannot be confirmed inside it: the trough
+    behind the newest peak must be at most 15 minutes (``quiet_before_last``). Converse: a held
+    peak 4.5 minutes before the last makes the newest peak's trough short, and it is oscillating."""
+    kv = [0.983, 0.996, 0.919, 0.993, 0.891, 0.986, 0.996, 0.75, 0.436, 0.684, 0.886, 0.798, 0.824, 0.652,
+          0.581, 0.477, 0.551, 0.594, 0.344, 0.475, 0.437, 0.326, 0.421, 0.436, 0.361, 0.538, 0.795, 0.739,
+          0.758, 0.797, 0.755, 0.519, 0.471, 0.46, 0.42, 0.461, 0.551, 0.617, 0.425, 0.333, 0.538, 0.67,
+          0.599, 0.454, 0.716, 0.584, 0.549, 0.719, 0.766, 0.548, 0.604, 0.655, 0.647, 0.608, 0.374, 0.527,
+          0.47, 0.523, 0.881, 0.844, 1]
+    waiting = [2, 4, 0, 2, 0, 5, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+               0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5]
+    running = [55, 56, 42, 41, 42, 46, 43, 34, 22, 32, 46, 40, 41, 35, 30, 22, 27, 29, 18, 23, 20, 18, 21, 23, 22,
+               32, 45, 42, 39, 38, 37, 36, 29, 23, 22, 24, 27, 30, 29, 24, 20, 33, 34, 21, 40, 34, 27, 35, 41, 37,
+               38, 31, 32, 34, 21, 23, 22, 26, 46, 44, 51]
+    r = diagnose_one(recorded(kv, waiting, running))
+    assert r.state is FailureMode.HEALTHY, (r.state, [d.rule_id for d in r.diagnoses])
+    waiting[50:52], kv[50:52], running[50:52] = [6, 4], [0.97, 0.99], [50, 52]
+    r = diagnose_one(recorded(kv, waiting, running))
+    assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
+
 
 def test_a_lifted_limit_that_admits_the_queue_is_not_a_fragmented_stall() -> None:
     """Issue 11 (no incident after recovery): max_num_seqs restored, or a wedged engine

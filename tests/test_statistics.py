@@ -149,6 +149,20 @@ def test_since_near_peak_reads_the_last_sample_at_a_share_of_the_span_maximum() 
     assert REGISTRY["since_near_peak"].series(SeriesStats(t[:0], v[:0]), 0.1) is None
 
 
+def test_quiet_before_last_reads_the_trough_behind_the_newest_peak() -> None:
+    """Quiet (≤ arg/2) from 30 s, a rise at 270 s: the trough behind the newest peak is 240 s
+    (a value between arg/2 and arg, at 90 s, neither ends the quiet nor rises); with two later
+    peaks, only the trough behind the newest (180 s → 300 s) counts.
+    Up since the span opened, or never reaching arg: no trough to read."""
+    t = np.arange(12, dtype=float) * 30
+    v = np.array([5, 0, 0, 0.7, 0, 0, 0, 0, 0, 3, 0, 0], dtype=float)
+    assert REGISTRY["quiet_before_last"].series(SeriesStats(t, v), 1.0) == 240.0
+    v2 = np.array([0, 2, 0, 0, 2, 2, 0, 0, 0, 0, 2, 0], dtype=float)
+    assert REGISTRY["quiet_before_last"].series(SeriesStats(t, v2), 1.0) == 120.0
+    assert REGISTRY["quiet_before_last"].series(SeriesStats(t, np.full(12, 3.0)), 1.0) is None
+    assert REGISTRY["quiet_before_last"].series(SeriesStats(t, np.zeros(12)), 1.0) is None
+
+
 def test_quiet_spacings_reads_the_quiet_time_in_the_series_own_cycle_spacing() -> None:
     """Episodes start every 4 samples (120 s); the last sample ≥ 1 is 120 s before the end:
     one spacing. A start needs 60 s at ≤ arg/2 before it, so the excursion under way when

@@ -237,6 +237,22 @@ class SeriesStats:
                 quiet_from = None
         return starts
 
+    def quiet_before_last(self, x: float) -> float | None:
+        """Seconds the signal sat at ≤ ``x``/2 before its latest rise to ≥ ``x`` (from the first
+        quiet sample to the rising one; values in between neither end nor start the quiet, the
+        hysteresis of :meth:`cycles`): the trough behind the newest peak. None when no rise
+        follows a quiet stretch in the span (nothing reaches ``x``, or it is up since the span opened)."""
+        last: float | None = None
+        quiet_from: float | None = None
+        for t, v in zip(self.ts.tolist(), self.v.tolist(), strict=True):
+            if v <= x / 2:
+                quiet_from = t if quiet_from is None else quiet_from
+            elif v >= x:
+                if quiet_from is not None:
+                    last = t - quiet_from
+                quiet_from = None
+        return last
+
     def held_drains(self, x: float, min_gap_s: float = 60.0) -> int | None:
         """Drains between excursions: stretches at ≤ ``x``/2 held at least ``min_gap_s`` seconds
         and followed by a new rise to ≥ ``x``. A queue that empties for a scrape now and then
