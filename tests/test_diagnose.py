@@ -690,6 +690,32 @@ def test_two_bursts_half_an_hour_apart_are_no_oscillation() -> None:
     r = diagnose_one(recorded(kv, waiting, running))
     assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
 
+def test_two_cycles_quiet_for_three_of_their_spacings_are_over() -> None:
+    """Held-out rnd-244-020 (SGLang 0.5, an oscillation episode of 195 s cycles that ended 8 minutes
+    before, healthy by mechanism): two queue build-ups (353 and 288 waiting) 3 minutes apart, then
+    9.5 quiet minutes. Named at the second peak (detection within two periods), the oscillation was
+    kept for 10 minutes after its last queue, 3.2 of its own spacings: a cycle whose next peak is two
+    spacings late has stopped. Only where two cycles are all there is (three or more are the
+    mechanism's own oscillation, kept its 10 minutes: rnd-12-003). Converse: the same two cycles
+    4.5 minutes later, quiet for 1.7 spacings (the next peak barely late), stay oscillating."""
+    kv = [0.49, 0.408, 0.151, 0.282, 0.32, 0.357, 0.339, 0.353, 0.346, 0.473, 0.52, 0.348, 0.328, 0.089,
+          0.251, 0.493, 0.487, 0.625, 0.533, 0.599, 0.518, 0.218, 0.3, 0.237, 0.28, 0.246, 0.297, 0.368,
+          0.684, 0.404, 0.241, 1, 0.927, 0.942, 0.94, 0.08, 0.087, 0.979, 0.997, 0.999, 0.996, 0.991, 0, 0,
+          0.694, 0.378, 0.497, 0.597, 0.518, 0.287, 0.18, 0.311, 0.331, 0.309, 0.305, 0.361, 0.106, 0.36,
+          0.358, 0.36, 0.285]
+    waiting = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 78,
+               224, 353, 122, 0, 0, 29, 141, 288, 262, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    running = [29, 31, 17, 18, 24, 17, 27, 22, 26, 38, 25, 19, 28, 11, 23, 30, 24, 34, 29, 44, 31, 29, 22, 12, 27,
+               26, 29, 28, 33, 23, 20, 57, 70, 41, 63, 6, 1, 38, 92, 82, 60, 82, 0, 0, 34, 32, 35, 33, 32, 27, 23,
+               19, 27, 19, 20, 27, 14, 19, 18, 21, 19]
+    r = diagnose_one(recorded(kv, waiting, running))
+    assert r.state is FailureMode.HEALTHY, (r.state, [d.rule_id for d in r.diagnoses])
+    def later(x: list[float], n: int = 9) -> list[float]:  # the same cycles 4.5 minutes later
+        return x[:1] * n + x[:-n]
+
+    r = diagnose_one(recorded(later(kv), later(waiting), later(running)))
+    assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
+
 
 def test_a_lifted_limit_that_admits_the_queue_is_not_a_fragmented_stall() -> None:
     """Issue 11 (no incident after recovery): max_num_seqs restored, or a wedged engine
