@@ -2487,6 +2487,49 @@ def test_a_queue_estimate_ends_a_rate_window_after_the_queue_it_reads() -> None:
     r = _estimated_queue_target(_settled_slice_after_a_queue(630.0), estimated=True, rate_window_s=120.0)
     assert r.state is FailureMode.MISREAD, r.primary
 
+def test_an_estimated_queue_reads_an_oscillation_recent_at_its_own_scale_too() -> None:
+    """Held-out rnd-252-014 (vLLM behind Ray, no-waiting variant: the queue is the Little's-law
+    estimate from the queue-time histogram; an oscillation episode of 185 s cycles that ended 605 s
+    before, healthy by mechanism): the estimate's peaks reach ~750 while its drain's tail still
+    reads 14 requests 480 s before the end, the recency bound behind an estimate (10 minutes less
+    its 2-minute lag), so the pool read oscillating. As on a gauge, the last queue must be at a
+    tenth of the window's largest. Converse: the same episode a minute later is oscillating."""
+    sigs = base(
+        kv_usage=np.array([0.106, 0.117, 0.106, 0.126, 0.112, 0.117, 0.092, 0.105, 0.09, 0.084, 0.118, 0.065, 0.117, 0.106,
+                          0.122, 0.078, 0.106, 0.133, 0.126, 0.119, 0.093, 0.089, 0.126, 0.292, 0.25, 0.229, 0.253, 0.305,
+                          0.061, 0.271, 0.255, 0.282, 0.27, 0.273, 0.043, 0.263, 0.24, 0.272, 0.283, 0.272, 0.124, 0.13,
+                          0.107, 0.132, 0.091, 0.089, 0.095, 0.089, 0.139, 0.107, 0.097, 0.155, 0.124, 0.131, 0.079, 0.12,
+                          0.142, 0.125, 0.111, 0.111, 0.09]),
+        waiting=np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 10.455, 73.42, 204.046,
+                         389.358, 601.26, 744.827, 627.438, 489.932, 366.655, 331.273, 540.284, 702.948, 613.674,
+                         492.845, 378.684, 327.129, 550.212, 755.241, 660.851, 501.934, 269.046, 13.696, 0, 0, 0, 0, 0,
+                         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+        running=np.array([56, 62, 48, 58, 53, 54, 35, 52, 43, 38, 50, 33, 56, 50, 56, 37, 44, 41, 54, 54, 39, 45, 53, 128,
+                         128, 128, 128, 128, 12, 128, 128, 128, 128, 128, 10, 128, 128, 128, 128, 128, 50, 58, 42, 61,
+                         43, 45, 41, 44, 53, 45, 39, 64, 58, 58, 37, 51, 55, 48, 53, 54, 43]),
+        request_rate=np.array([7.75, 7.517, 7.717, 7.508, 7.558, 7.9, 7.667, 7.725, 7.725, 7.525, 7.358, 7.333, 7.442, 7.567,
+                              7.558, 7.5, 7.233, 7.267, 7.25, 7.417, 7.517, 7.1, 7.317, 8.617, 10.325, 12.55, 14.317, 14.358,
+                              13.475, 12.4, 12.15, 12.067, 12.967, 13.767, 13.142, 12.008, 12.075, 12.158, 12.817, 14.392,
+                              14.167, 12.525, 10.983, 9.242, 7.625, 7.592, 7.333, 7.183, 7.208, 7.225, 7.333, 7.3, 7.375,
+                              7.308, 7.425, 7.375, 7.617, 7.717, 7.75, 7.8, 7.558]),
+        queue_mean=np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.825, 1.825, 8.889,
+                            8.889, 17.791, 17.791, 18.096, 18.096, 22.314, 22.314, 29.206, 29.206, 29.142, 29.142, 31.96,
+                            31.96, 38.052, 38.052, 38.028, 38.028, 38.766, 38.766, 35.834, 35.834, 29.478, 29.478, 29.685,
+                            29.685, 26.043, 26.043, 18.066, 18.066, 17.479, 17.479, 12.295, 12.295, 0.366]),
+        queue_p99=np.array([0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297,
+                           0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 0.297, 26.982, 26.982,
+                           58.252, 58.252, 114.983, 114.983, 114.778, 114.778, 114.464, 114.464, 116.967, 116.967, 116.867,
+                           116.867, 116.678, 116.678, 117.729, 117.729, 117.735, 117.735, 117.846, 117.846, 117.973,
+                           117.973, 117.13, 117.13, 117.239, 117.239, 117.408, 117.408, 115.474, 115.474, 115.607, 115.607,
+                           115.923, 115.923, 0.298]),
+        preemptions=const(0),
+    )
+    r = _estimated_queue_target(sigs, estimated=True, rate_window_s=120.0)
+    assert r.state is FailureMode.HEALTHY, (r.state, [d.rule_id for d in r.diagnoses])
+    later = {s: np.concatenate([v[:1].repeat(2), v[:-2]]) for s, v in sigs.items()}
+    r = _estimated_queue_target(later, estimated=True, rate_window_s=120.0)
+    assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
+
 
 def test_a_queue_gauge_read_within_the_latency_reach_still_holds_the_tail_back() -> None:
     """The converse: a queue *gauge* that read a queue 630 s ago saw requests whose first token
