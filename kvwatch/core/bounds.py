@@ -64,4 +64,3 @@ def straddled(value: float, threshold: float, bounds: tuple[float, ...]) -> tupl
     hi = bounds[i]
     lo = bounds[i - 1] if i > 0 else 0.0
     return (lo, hi) if lo < threshold < hi * (1 - _EPS) else None
-

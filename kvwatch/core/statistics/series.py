@@ -222,36 +222,32 @@ class SeriesStats:
         idx = np.flatnonzero(hit)
         return float(self.end - self.ts[idx[-1]]) if len(idx) else None
 
-    def _held_starts(self, x: float, min_gap_s: float) -> list[float]:
-        """Times at which the signal rose to ≥ ``x`` after sitting at ≤ ``x``/2 (the hysteresis
-        of :meth:`cycles`) for at least ``min_gap_s`` seconds, from the first quiet sample to the
-        sample that rises again. The excursion under way when the span opens has no start."""
-        starts: list[float] = []
-        quiet_from: float | None = None
-        for t, v in zip(self.ts.tolist(), self.v.tolist(), strict=True):
-            if v <= x / 2:
-                quiet_from = t if quiet_from is None else quiet_from
-            elif v >= x:
-                if quiet_from is not None and t - quiet_from >= min_gap_s:
-                    starts.append(t)
-                quiet_from = None
-        return starts
-
-    def quiet_before_last(self, x: float) -> float | None:
-        """Seconds the signal sat at ≤ ``x``/2 before its latest rise to ≥ ``x`` (from the first
-        quiet sample to the rising one; values in between neither end nor start the quiet, the
-        hysteresis of :meth:`cycles`): the trough behind the newest peak. None when no rise
-        follows a quiet stretch in the span (nothing reaches ``x``, or it is up since the span opened)."""
-        last: float | None = None
+    def _rises(self, x: float) -> list[tuple[float, float]]:
+        """(time, quiet s) of every rise to ≥ ``x`` after the signal sat at ≤ ``x``/2 (the
+        hysteresis of :meth:`cycles`: values in between neither end nor start the quiet), the
+        quiet counted from its first sample to the sample that rises. The excursion under way
+        when the span opens has no rise."""
+        rises: list[tuple[float, float]] = []
         quiet_from: float | None = None
         for t, v in zip(self.ts.tolist(), self.v.tolist(), strict=True):
             if v <= x / 2:
                 quiet_from = t if quiet_from is None else quiet_from
             elif v >= x:
                 if quiet_from is not None:
-                    last = t - quiet_from
+                    rises.append((t, t - quiet_from))
                 quiet_from = None
-        return last
+        return rises
+
+    def _held_starts(self, x: float, min_gap_s: float) -> list[float]:
+        """Times of the rises to ≥ ``x`` (:meth:`_rises`) after at least ``min_gap_s`` seconds quiet."""
+        return [t for t, quiet in self._rises(x) if quiet >= min_gap_s]
+
+    def quiet_before_last(self, x: float) -> float | None:
+        """Seconds the signal sat at ≤ ``x``/2 before its latest rise to ≥ ``x`` (:meth:`_rises`):
+        the trough behind the newest peak. None when no rise follows a quiet stretch in the span
+        (nothing reaches ``x``, or it is up since the span opened)."""
+        rises = self._rises(x)
+        return rises[-1][1] if rises else None
 
     def held_drains(self, x: float, min_gap_s: float = 60.0) -> int | None:
         """Drains between excursions: stretches at ≤ ``x``/2 held at least ``min_gap_s`` seconds
