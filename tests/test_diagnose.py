@@ -213,6 +213,25 @@ def test_nan_samples_are_gaps_not_zeros() -> None:
     assert full.primary.confidence < dense.primary.confidence
 
 
+@pytest.mark.parametrize("kv", [const(5.0), const(62.0), np.linspace(20, 97, N)], ids=["idle", "busy", "ramp"])
+def test_kv_usage_outside_a_fraction_is_a_blind_spot_not_a_verdict(kv: np.ndarray) -> None:
+    # every engine exports KV usage as a 0-1 fraction (Dynamo's `..._percent` too); a gauge re-exported
+    # in percent read as a fraction is a pool at 500-9700 %: an idle pool read that way was `healthy`
+    r = run({"t": base(kv_usage=kv, waiting=const(3))})["t"]
+    assert r.state is FailureMode.UNKNOWN
+    assert "kv_usage" in r.blocking
+    text = r.diagnoses[0].summary
+    assert "outside 0-1" in text and f"{float(np.max(kv)):.4g}" in text, text
+
+
+def test_kv_usage_a_hair_over_one_is_still_a_fraction() -> None:
+    # a derived ratio (used / capacity scraped a moment apart) may read 1.02 on a pinned pool
+    kv = const(0.97)
+    kv[-5:] = 1.02
+    r = run({"t": base(kv_usage=kv, waiting=np.linspace(5, 60, N))})["t"]
+    assert r.state is FailureMode.FULL
+
+
 def test_rule_with_missing_signal_is_unknown_not_healthy() -> None:
     """Contract (design.md): a mode that cannot be decided makes the target unknown, never healthy.
 

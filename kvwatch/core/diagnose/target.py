@@ -250,6 +250,22 @@ def gone_reason(view: TargetView) -> str:
     return ""
 
 
+#: the largest KV usage still read as a fraction: every engine exports 0-1 (Dynamo's
+#: ``..._usage_percent`` too); a ratio of two gauges scraped a moment apart may overshoot 1 a
+#: little, a gauge re-exported in percent reads 5-100 and would pass for a pool at 500 %
+KV_FRACTION_MAX = 1.5
+
+
+def unit_reason(view: TargetView) -> str:
+    """Why the KV gauge cannot be read as a fraction (a sample above :data:`KV_FRACTION_MAX` in
+    the window); empty when it can. A percent gauge whose pool never passed 1.5 % is not caught."""
+    top = view.stat(Signal.KV_USAGE.value, view.p.window_s, "max")
+    if top is None or top <= KV_FRACTION_MAX:
+        return ""
+    return (f"kv_usage reads up to {top:.4g}, outside 0-1 (the fraction every engine exports): "
+            "a gauge re-exported in percent? scale it by 0.01 in a recording rule or relabelling")
+
+
 def diagnose_target(
     view: TargetView, rules: RuleSet, group: dict[str, float | None], explain: bool = False,
     facts: dict[str, float | None] | None = None, outcomes: Sequence[Outcome] | None = None,
@@ -289,7 +305,7 @@ def diagnose_target(
             view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(shown), facts, blocking=blocking
         )
 
-    gone = gone_reason(view)
+    gone = gone_reason(view) or unit_reason(view)
     if gone:
         return blind(gone, ("kv_usage",))
     # Without a KV gauge the rules are still evaluated: the modes that read the pool are
