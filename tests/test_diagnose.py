@@ -213,15 +213,18 @@ def test_nan_samples_are_gaps_not_zeros() -> None:
     assert full.primary.confidence < dense.primary.confidence
 
 
-@pytest.mark.parametrize("kv", [const(5.0), const(62.0), np.linspace(20, 97, N)], ids=["idle", "busy", "ramp"])
+@pytest.mark.parametrize("kv", [const(5.0), const(62.0), np.linspace(20, 97, N), const(-0.2)],
+                         ids=["idle", "busy", "ramp", "negative"])
 def test_kv_usage_outside_a_fraction_is_a_blind_spot_not_a_verdict(kv: np.ndarray) -> None:
     # every engine exports KV usage as a 0-1 fraction (Dynamo's `..._percent` too); a gauge re-exported
-    # in percent read as a fraction is a pool at 500-9700 %: an idle pool read that way was `healthy`
+    # in percent read as a fraction is a pool at 500-9700 %: an idle pool read that way was `healthy`,
+    # and a negative one (an exporter's subtraction gone wrong) `idle` at "p90 -20%"
     r = run({"t": base(kv_usage=kv, waiting=const(3))})["t"]
     assert r.state is FailureMode.UNKNOWN
     assert "kv_usage" in r.blocking
     text = r.diagnoses[0].summary
-    assert "outside 0-1" in text and f"{float(np.max(kv)):.4g}" in text, text
+    worst = float(np.max(kv)) if np.max(kv) > 1 else float(np.min(kv))
+    assert "outside 0-1" in text and f"{worst:.4g}" in text, text
 
 
 def test_kv_usage_a_hair_over_one_is_still_a_fraction() -> None:

@@ -250,20 +250,24 @@ def gone_reason(view: TargetView) -> str:
     return ""
 
 
-#: the largest KV usage still read as a fraction: every engine exports 0-1 (Dynamo's
-#: ``..._usage_percent`` too); a ratio of two gauges scraped a moment apart may overshoot 1 a
+#: the KV usage range still read as a fraction: every engine exports 0-1 (Dynamo's
+#: ``..._usage_percent`` too); a ratio of two gauges scraped a moment apart may overshoot a
 #: little, a gauge re-exported in percent reads 5-100 and would pass for a pool at 500 %
-KV_FRACTION_MAX = 1.5
+KV_FRACTION_RANGE = (-0.05, 1.5)
 
 
 def unit_reason(view: TargetView) -> str:
-    """Why the KV gauge cannot be read as a fraction (a sample above :data:`KV_FRACTION_MAX` in
-    the window); empty when it can. A percent gauge whose pool never passed 1.5 % is not caught."""
-    top = view.stat(Signal.KV_USAGE.value, view.p.window_s, "max")
-    if top is None or top <= KV_FRACTION_MAX:
-        return ""
-    return (f"kv_usage reads up to {top:.4g}, outside 0-1 (the fraction every engine exports): "
-            "a gauge re-exported in percent? scale it by 0.01 in a recording rule or relabelling")
+    """Why the KV gauge cannot be read as a fraction (a sample in the window outside
+    :data:`KV_FRACTION_RANGE`); empty when it can. A percent gauge whose pool never passed
+    1.5 % is not caught."""
+    lo, hi = (view.stat(Signal.KV_USAGE.value, view.p.window_s, s) for s in ("min", "max"))
+    if hi is not None and hi > KV_FRACTION_RANGE[1]:
+        return (f"kv_usage reads up to {hi:.4g}, outside 0-1 (the fraction every engine exports): "
+                "a gauge re-exported in percent? scale it by 0.01 in a recording rule or relabelling")
+    if lo is not None and lo < KV_FRACTION_RANGE[0]:
+        return (f"kv_usage reads down to {lo:.4g}, outside 0-1 (the fraction every engine exports): "
+                "the exporter or a recording rule computes it wrongly")
+    return ""
 
 
 def diagnose_target(
