@@ -1308,6 +1308,26 @@ def test_a_batch_at_its_cap_behind_the_dynamo_frontend_is_batch_limited(cap: int
     assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "batch_limited"), r.primary
 
 
+def test_a_busy_batch_at_its_cap_behind_the_dynamo_frontend_is_batch_limited() -> None:
+    """Held-out corpus 263 264 (rnd-263-021, max_num_seqs 128, 37 requests/s): the frontend's
+    running (decoding only) reads 82-117 while 21,000 wait and KV sits at 24 %. At 37 admissions/s
+    some 10-45 requests are always prefilling, counted as queued: running peaks at 117, 0.898 of
+    the cap, and the pool read fragmented ("not pinned at a cap") against "near the cap at least
+    once" at 0.9 (so did rnd-16-079 and rnd-251-075 at 60 s scrapes). Within 15 % of the cap at
+    its peak is the cap binding behind a prefill-counting queue."""
+    running = [110, 106, 102, 111, 110, 114, 117, 97, 100, 99, 98, 87, 102, 105, 93, 111, 106, 111, 108, 98, 112,
+               107, 114, 99, 110, 93, 108, 105, 111, 108, 108, 110, 101, 103, 108, 112, 114, 106, 109, 105, 104, 89,
+               113, 105, 106, 115, 105, 105, 104, 105, 110, 106, 106, 98, 104, 106, 110, 82, 97, 111, 115]
+    rng = np.random.default_rng(263)
+    waiting = np.concatenate([np.linspace(15641, 21029, 12), 21000 + rng.integers(-80, 200, N - 12)])
+    sigs = base(kv_usage=0.24 + 0.02 * rng.standard_normal(N), running=np.array(running, dtype=float),
+                waiting=waiting, request_rate=const(37.0), gen_tps=const(1290), prompt_tps=const(3950),
+                ttft_p50=const(400.0), ttft_p99=const(635.0), ttft_mean=const(560.0), max_running=const(128),
+                kv_capacity_tokens=const(164_864))
+    r = _frontend(sigs)
+    assert (r.state, r.primary.cause if r.primary else "") == (FailureMode.IDLE, "batch_limited"), r.primary
+
+
 def test_running_below_the_cap_behind_the_dynamo_frontend_is_not_batch_limited() -> None:
     """The converse: the same queue with running at 10-13 of a cap of 16 (never at it) is not a
     batch at its cap."""
