@@ -133,13 +133,59 @@ STEADY_INTERVAL_S = 60
 STEADY_CYCLES = 10
 
 
+def _recording_client(url: str) -> Any:
+    """A ``PromClient`` that also keeps the text of every query it sends in ``.sent`` (to learn
+    which metrics a steady cycle reads)."""
+    from kvwatch.core.promclient import PromClient
+
+    class Recording(PromClient):
+        sent: list[str]
+
+        def _raw(self, endpoint: str, params: dict[str, Any]) -> Any:
+            self.sent.append(str(params.get("query", "")))
+            return super()._raw(endpoint, params)
+
+    client = Recording(url, timeout_s=120, retries=0)
+    client.sent = []
+    return client
+
+
+def _metric_names(url: str, queries: list[str]) -> list[str]:
+    """The metric names of ``url``'s Prometheus that ``queries`` mention."""
+    import re
+
+    import requests
+
+    names = requests.get(f"{url}/api/v1/label/__name__/values", timeout=60).json()["data"]
+    text = "\n".join(queries)
+    return sorted(n for n in names if re.search(rf"(?<![\w:]){re.escape(n)}(?![\w:])", text))
+
+
+def _floor_prom_cpu(url: str, pid: int, at: datetime, names: list[str], repeats: int = 3) -> float:
+    """Prometheus CPU seconds to read the newest minute of every series of ``names`` once (one
+    instant ``count(last_over_time(…[1m]))`` per metric; median of ``repeats``): what any cycle that
+    looks at every series it monitors costs at least, whatever its queries (chunks decode whole)."""
+    import requests
+
+    runs = []
+    for _ in range(repeats):
+        p0 = cpu_seconds(pid)
+        for n in names:
+            q = f'count(last_over_time({{__name__="{n}"}}[1m]))'
+            requests.get(f"{url}/api/v1/query", params={"query": q, "time": at.timestamp()}, timeout=120).raise_for_status()
+        runs.append(cpu_seconds(pid) - p0)
+    return statistics.median(runs)
+
+
 def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -> dict[str, Any]:
     """The service's steady state: one full first cycle, then incremental cycles every minute.
 
     Cycles run at START + 30 min, + 1 min, … (the cached TSDB holds 40 min), each
     instant aligned to the step as the service aligns it. Next to them, a full fetch
-    (``pipeline.evaluate``) at the last instant, in the same Prometheus. The 1-minute
-    load average before and after is recorded: wall times mean little on a loaded machine.
+    (``pipeline.evaluate``) at the last instant, in the same Prometheus, and the floor: the
+    Prometheus CPU of reading the newest minute of every series the steady cycles read, once.
+    The 1-minute load average before and after is recorded: wall times mean little on a
+    loaded machine.
     """
     import gc
     import os
@@ -164,9 +210,12 @@ def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -
         ats = [aligned(first_at + i * STEADY_INTERVAL_S, settings.evaluation.step) for i in range(STEADY_CYCLES + 1)]
         first = _cycle(client, settings, rules, ats[0], pid, inc)
         steady, kinds = [], []
+        recorder = _recording_client(url)
         for at in ats[1:]:
-            steady.append(_cycle(client, settings, rules, at, pid, inc))
+            steady.append(_cycle(recorder, settings, rules, at, pid, inc))
             kinds.append((inc.last_mode, inc.last_steps, inc.last_discovered))
+        read = _metric_names(url, recorder.sent)
+        floor = _floor_prom_cpu(url, pid, ats[-1], read)
         full = [_cycle(client, settings, rules, ats[-1], pid) for _ in range(2)][-1]
         load_after = os.getloadavg()[0]
         # memory the service keeps between cycles: the window of every target
@@ -194,6 +243,8 @@ def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -
         "steady_queries": med["queries"], "steady_mbytes": med["mbytes"],
         "prom_cpu_share": med["prom_cpu_s"] / first["prom_cpu_s"] if first["prom_cpu_s"] else float("nan"),
         "prom_cpu_share_mean": mean["prom_cpu_s"] / first["prom_cpu_s"] if first["prom_cpu_s"] else float("nan"),
+        "floor_prom_cpu_s": floor, "floor_metrics": len(read),
+        "floor_share": floor / first["prom_cpu_s"] if first["prom_cpu_s"] else float("nan"),
         "full_wall_s": full["wall_s"], "full_prom_cpu_s": full["prom_cpu_s"], "full_queries": full["queries"],
         "kept_kb_per_target": kept / 1024 / max(1, first["targets"]),
         "arrays_kb_per_target": arrays / 1024 / max(1, first["targets"]),
@@ -266,8 +317,8 @@ def _steady_table(rows: list[dict[str, Any]]) -> str:
         "| targets | first cycle s | first prom CPU s | steady cycle s (median / mean / max) | "
         "steady prom CPU s (median / mean / max) | prom CPU vs first (median / mean) | "
         "steady kvwatch CPU s (median / mean) | steady queries | steady MB | full-fetch cycle s | "
-        "full prom CPU s | kept KB/target | peak RSS MB | load avg (before / after) |",
-        "|" + "---:|" * 14,
+        "full prom CPU s | floor prom CPU s (vs first) | kept KB/target | peak RSS MB | load avg (before / after) |",
+        "|" + "---:|" * 15,
     ]
     for r in rows:
         lines.append(
@@ -277,7 +328,7 @@ def _steady_table(rows: list[dict[str, Any]]) -> str:
             f"{r['prom_cpu_share']:.0%} / {r['prom_cpu_share_mean']:.0%} | "
             f"{r['steady_kvwatch_cpu_s']:.2f} / {r['steady_mean_kvwatch_cpu_s']:.2f} | {r['steady_queries']:.0f} | "
             f"{r['steady_mbytes']:.1f} | {r['full_wall_s']:.2f} | {r['full_prom_cpu_s']:.2f} | "
-            f"{r['kept_kb_per_target']:.1f} | {r['peak_rss_mb']:.0f} | "
+            f"{r['floor_prom_cpu_s']:.2f} ({r['floor_share']:.0%}) | {r['kept_kb_per_target']:.1f} | {r['peak_rss_mb']:.0f} | "
             f"{r['load_before']:.1f} / {r['load_after']:.1f} |")
     return "\n".join(lines)
 
