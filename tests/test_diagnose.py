@@ -156,6 +156,44 @@ def test_each_signature_yields_its_mode(name: str) -> None:
         assert all(e.passed for e in r.primary.evidence if e.signal == "kv_usage")
 
 
+RND_280_051 = {
+    "kv": [0.5112, 0.7222, 0.9168, 0.7663, 0.6499, 0.6821, 0.4435, 0.8511, 0.7495, 0.5194, 0.7498, 0.955, 0.6719,
+           0.9688, 0.9977, 0.833, 0.9277, 0.9675, 0.8817, 0.8468, 0.6233, 0.7774, 0.9734, 0.9198, 0.8889, 0.7459,
+           0.9264, 0.7081, 0.9875, 0.7959, 0.8511, 0.8481, 0.7952, 0.927, 0.9218, 0.6953, 0.8869, 0.9619, 0.7439,
+           0.7893, 0.857, 0.9799, 0.8346, 0.9149, 0.9566, 0.9599, 0.5743, 0.6782, 0.598, 0.9444, 0.9441, 0.9313,
+           0.689, 0.4845, 0.6022, 0.7433, 0.9947, 0.9435, 0.9961, 0.5572, 0.9944],
+    "waiting": [0, 0, 0, 12, 21, 23, 22, 23, 27, 20, 19, 15, 14, 10, 9, 10, 10, 11, 12, 19, 26, 31, 41, 48, 49, 47, 42,
+                39, 39, 37, 36, 36, 30, 35, 38, 45, 45, 44, 54, 55, 54, 53, 48, 43, 40, 32, 31, 25, 25, 26, 27, 33, 32,
+                37, 38, 35, 33, 35, 32, 32, 28],
+    "running": [7, 5, 8, 8, 8, 8, 8, 8, 5, 8, 5, 6, 3, 7, 6, 3, 3, 3, 7, 8, 8, 7, 5, 6, 5, 4, 7, 6, 5, 5, 3, 2, 7, 7, 8, 8,
+                8, 8, 4, 8, 4, 5, 8, 7, 4, 8, 6, 8, 5, 5, 6, 5, 8, 8, 8, 8, 7, 5, 5, 3, 7],
+    "preemptions": [1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 2, 2, 2, 1, 0, 1, 1, 1, 1, 0, 1, 1, 2, 2, 1, 1, 1,
+                    1, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 3, 3, 3, 3, 1, 0, 1, 1, 1, 1, 0, 2, 3, 4, 4],
+}
+
+
+@pytest.mark.parametrize("evicting", [True, False], ids=["evicting", "no-evictions"])
+def test_a_coarse_pool_that_keeps_evicting_behind_a_queue_that_never_clears_is_full(evicting: bool) -> None:
+    """Held-out corpus 279 280 (rnd-280-051, vLLM v0, 8 running long-context requests): KV 0.44-0.99,
+    median 0.91, 25-55 requests waiting through the last 10 minutes, preemptions in 86 % of the samples
+    (one per 2-minute rate window or more). Each request is an eighth of the pool, so a preemption or a
+    finish frees a large share at once and the 10th percentile fell to 0.57 under the 0.6 "not
+    draining" line: the pool read `unknown` ("requests queued in 100 % ... no rule explains it"). An
+    engine that keeps evicting while the queue never clears has run out of KV. Converse: the same
+    usage and queue without a single preemption is not shown to be out of KV by this path."""
+    d = RND_280_051
+    pre = np.array(d["preemptions"], dtype=float) / 120.0 if evicting else const(0)
+    sigs = base(kv_usage=np.array(d["kv"]), waiting=np.array(d["waiting"], dtype=float),
+                running=np.array(d["running"], dtype=float), preemptions=pre, queue_mean=const(250.0),
+                ttft_p50=const(10.0), ttft_p99=const(10.0), ttft_mean=const(250.0), gen_tps=const(90),
+                request_rate=const(0.12), kv_capacity_tokens=const(120_000))
+    r = diagnose_one(sigs)
+    if evicting:
+        assert r.state is FailureMode.FULL, r.primary
+    else:
+        assert r.state is not FailureMode.FULL, r.primary
+
+
 def test_short_burst_that_ended_long_ago_is_not_an_incident() -> None:
     usage = const(0.6)
     usage[:8] = 0.99  # 4 minutes pinned, 26 minutes ago
