@@ -309,9 +309,9 @@ def diagnose_target(
             view.target, FailureMode.UNKNOWN, (_unknown(view, reason),), tuple(shown), facts, blocking=blocking
         )
 
-    gone = gone_reason(view) or unit_reason(view)
-    if gone:
-        return blind(gone, ("kv_usage",))
+    unreadable = gone_reason(view) or unit_reason(view)
+    if unreadable:
+        return blind(unreadable, ("kv_usage",))
     # Without a KV gauge the rules are still evaluated: the modes that read the pool are
     # undecidable, but one that needs no KV can still be established and beat them all (a
     # wedged engine: full, oscillating and fragmented need progress, misread no queue). Any
