@@ -161,18 +161,30 @@ def _metric_names(url: str, queries: list[str]) -> list[str]:
     return sorted(n for n in names if re.search(rf"(?<![\w:]){re.escape(n)}(?![\w:])", text))
 
 
-def _floor_prom_cpu(url: str, pid: int, at: datetime, names: list[str], repeats: int = 3) -> float:
+def _floor_prom_cpu(url: str, pid: int, at: datetime, names: list[str], repeats: int = 3,
+                    answer: bool = False) -> float:
     """Prometheus CPU seconds to read the newest minute of every series of ``names`` once (one
-    instant ``count(last_over_time(…[1m]))`` per metric; median of ``repeats``): what any cycle that
-    looks at every series it monitors costs at least, whatever its queries (chunks decode whole)."""
+    instant query per metric; median of ``repeats``): what any cycle that looks at every series it
+    monitors costs at least, whatever its queries (chunks decode whole).
+
+    ``answer`` False counts the series (``count(last_over_time(…[1m]))``: nothing to encode);
+    True returns one value per target, and per bucket for a ``_bucket`` metric
+    (``sum by (job, instance[, le]) (last_over_time(…[1m]))``): the least any collection that
+    receives per-target values over the HTTP API pays, one instant per metric."""
     import requests
+
+    def query(n: str) -> str:
+        sel = f'last_over_time({{__name__="{n}"}}[1m])'
+        if not answer:
+            return f"count({sel})"
+        return f"sum by (job, instance{', le' if n.endswith('_bucket') else ''}) ({sel})"
 
     runs = []
     for _ in range(repeats):
         p0 = cpu_seconds(pid)
         for n in names:
-            q = f'count(last_over_time({{__name__="{n}"}}[1m]))'
-            requests.get(f"{url}/api/v1/query", params={"query": q, "time": at.timestamp()}, timeout=120).raise_for_status()
+            requests.get(f"{url}/api/v1/query", params={"query": query(n), "time": at.timestamp()},
+                         timeout=120).raise_for_status()
         runs.append(cpu_seconds(pid) - p0)
     return statistics.median(runs)
 
@@ -183,8 +195,8 @@ def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -
     Cycles run at START + 30 min, + 1 min, … (the cached TSDB holds 40 min), each
     instant aligned to the step as the service aligns it. Next to them, a full fetch
     (``pipeline.evaluate``) at the last instant, in the same Prometheus, and the floor: the
-    Prometheus CPU of reading the newest minute of every series the steady cycles read, once.
-    The 1-minute load average before and after is recorded: wall times mean little on a
+    Prometheus CPU of reading the newest minute of every series the steady cycles read, once
+    (counted, and answered per target: :func:`_floor_prom_cpu`). The 1-minute load average before and after is recorded: wall times mean little on a
     loaded machine.
     """
     import gc
@@ -216,6 +228,7 @@ def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -
             kinds.append((inc.last_mode, inc.last_steps, inc.last_discovered))
         read = _metric_names(url, recorder.sent)
         floor = _floor_prom_cpu(url, pid, ats[-1], read)
+        answer_floor = _floor_prom_cpu(url, pid, ats[-1], read, answer=True)
         full = [_cycle(client, settings, rules, ats[-1], pid) for _ in range(2)][-1]
         load_after = os.getloadavg()[0]
         # memory the service keeps between cycles: the window of every target
@@ -245,6 +258,8 @@ def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -
         "prom_cpu_share_mean": mean["prom_cpu_s"] / first["prom_cpu_s"] if first["prom_cpu_s"] else float("nan"),
         "floor_prom_cpu_s": floor, "floor_metrics": len(read),
         "floor_share": floor / first["prom_cpu_s"] if first["prom_cpu_s"] else float("nan"),
+        "answer_floor_prom_cpu_s": answer_floor,
+        "answer_floor_share": answer_floor / first["prom_cpu_s"] if first["prom_cpu_s"] else float("nan"),
         "full_wall_s": full["wall_s"], "full_prom_cpu_s": full["prom_cpu_s"], "full_queries": full["queries"],
         "kept_kb_per_target": kept / 1024 / max(1, first["targets"]),
         "arrays_kb_per_target": arrays / 1024 / max(1, first["targets"]),
@@ -317,8 +332,8 @@ def _steady_table(rows: list[dict[str, Any]]) -> str:
         "| targets | first cycle s | first prom CPU s | steady cycle s (median / mean / max) | "
         "steady prom CPU s (median / mean / max) | prom CPU vs first (median / mean) | "
         "steady kvwatch CPU s (median / mean) | steady queries | steady MB | full-fetch cycle s | "
-        "full prom CPU s | floor prom CPU s (vs first) | kept KB/target | peak RSS MB | load avg (before / after) |",
-        "|" + "---:|" * 15,
+        "full prom CPU s | floor prom CPU s (vs first) | answer floor prom CPU s (vs first) | kept KB/target | peak RSS MB | load avg (before / after) |",
+        "|" + "---:|" * 16,
     ]
     for r in rows:
         lines.append(
@@ -328,7 +343,8 @@ def _steady_table(rows: list[dict[str, Any]]) -> str:
             f"{r['prom_cpu_share']:.0%} / {r['prom_cpu_share_mean']:.0%} | "
             f"{r['steady_kvwatch_cpu_s']:.2f} / {r['steady_mean_kvwatch_cpu_s']:.2f} | {r['steady_queries']:.0f} | "
             f"{r['steady_mbytes']:.1f} | {r['full_wall_s']:.2f} | {r['full_prom_cpu_s']:.2f} | "
-            f"{r['floor_prom_cpu_s']:.2f} ({r['floor_share']:.0%}) | {r['kept_kb_per_target']:.1f} | {r['peak_rss_mb']:.0f} | "
+            f"{r['floor_prom_cpu_s']:.2f} ({r['floor_share']:.0%}) | "
+            f"{r['answer_floor_prom_cpu_s']:.2f} ({r['answer_floor_share']:.0%}) | {r['kept_kb_per_target']:.1f} | {r['peak_rss_mb']:.0f} | "
             f"{r['load_before']:.1f} / {r['load_after']:.1f} |")
     return "\n".join(lines)
 
