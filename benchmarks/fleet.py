@@ -196,8 +196,8 @@ def run_steady(size: int, cache: Path, concurrency: int, jobs: int, step: str) -
     instant aligned to the step as the service aligns it. Next to them, a full fetch
     (``pipeline.evaluate``) at the last instant, in the same Prometheus, and the floor: the
     Prometheus CPU of reading the newest minute of every series the steady cycles read, once
-    (counted, and answered per target: :func:`_floor_prom_cpu`). The 1-minute load average before and after is recorded: wall times mean little on a
-    loaded machine.
+    (counted, and answered per target: :func:`_floor_prom_cpu`). The 1-minute load average
+    before and after is recorded: wall times mean little on a loaded machine.
     """
     import gc
     import os
