@@ -3513,6 +3513,55 @@ def test_a_large_batch_whose_maximum_is_a_rare_excursion_is_no_cap() -> None:
     assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), r.state
 
 
+#: a vLLM V1 engine with the series its running, queue, KV and counter signals come from
+_VLLM_V1 = Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m", names=frozenset({
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:request_success_total", "vllm:generation_tokens_total", "vllm:prompt_tokens_total"}))
+
+
+def _cap_dipped_by_finishes(cap: float, per_step: float, seed: int) -> dict[Signal, np.ndarray]:
+    """A batch held at ``cap`` by max_num_seqs, 300 waiting, KV 40 % flat, as a gauge read after
+    each step's finished requests left: ``cap`` less Poisson(``per_step``). The counters agree:
+    20 requests/s finish, each after ``cap / per_step`` output tokens, so running x finished/s /
+    tokens/s (the completions per one-token step) is ``per_step``."""
+    rng = np.random.default_rng(seed)
+    rate, out_tokens = 20.0, cap / per_step
+    return base(kv_usage=0.4 + rng.normal(0, 0.005, N), running=cap - rng.poisson(per_step, N).astype(float),
+                waiting=300 + rng.integers(-20, 20, N).astype(float), request_rate=const(rate),
+                gen_tps=const(rate * out_tokens), ttft_p50=const(3.0), ttft_p99=const(8.0), ttft_mean=const(3.5))
+
+
+@pytest.mark.parametrize("cap,per_step", [(1024, 3.0), (1024, 10.0), (512, 5.0)])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_vllm_batch_at_its_cap_reads_below_it_by_the_requests_each_step_finished(
+    cap: float, per_step: float, seed: int,
+) -> None:
+    """vLLM counts running after a step's finished requests left (V1 scheduler.update_from_output:
+    ``remove_all(self.running, stopped)`` then ``make_stats``; V0 frees finished groups before
+    logging), so a batch held at max_num_seqs reads the cap less the requests that finished in
+    that step: exactly at the cap with probability e^-λ, λ the completions per step. With short
+    outputs at a large cap (1,024 with 100-340 output tokens: λ 3-10) the cap itself is almost
+    never scraped, and batch-limited's "maximum reached again and again" failed at random: the
+    same engine read `fragmented` (whose triage sends the on-call to a reservation policy vLLM
+    does not have) or batch-limited by the draw. Where the counters show several completions
+    per step, the dips below the maximum are the gauge's, not a wandering admission."""
+    r = _diagnose_as(_VLLM_V1, _cap_dipped_by_finishes(cap, per_step, seed))
+    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), (
+        r.state, [d.rule_id for d in r.diagnoses])
+
+
+def test_a_batch_that_dips_below_its_maximum_on_an_engine_counting_finished_requests_is_no_cap() -> None:
+    """Converse: SGLang logs num_running_reqs with the step's finished requests still in the batch
+    (they leave at the next step's filter), so a cap reads exactly at the cap; the same dips there
+    are a count wandering under a reservation (fragmented), whatever its completions per step."""
+    sigs = _cap_dipped_by_finishes(1024, 10.0, 0)
+    t = Target(TargetKey("sgl", "s"), "sglang", "sglang", "m", names=frozenset({
+        "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:num_requests_total",
+        "sglang:generation_tokens_total", "sglang:prompt_tokens_total"}))
+    r = _diagnose_as(t, sigs)
+    assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
+
+
 _TGI_NAMES = frozenset({"tgi_batch_current_max_tokens", "tgi_batch_max_total_tokens", "tgi_batch_current_size",
                         "tgi_queue_size", "tgi_request_queue_duration_bucket", "tgi_request_queue_duration_sum",
                         "tgi_request_queue_duration_count", "tgi_request_mean_time_per_token_duration_bucket",

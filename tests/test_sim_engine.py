@@ -78,6 +78,21 @@ def test_max_num_seqs_is_a_hard_cap_and_limits_an_idle_pool() -> None:
     assert waiting[-1] > 100 and tr.gauge("usage").max() < 0.15
 
 
+def test_a_running_gauge_read_after_the_step_misses_the_requests_that_just_finished() -> None:
+    """vLLM reads num_requests_running after a step's finished requests left and before the next
+    step refills their slots: a batch held at max_num_seqs=512 (about 100-token outputs, a queue
+    of thousands) is at the cap in every step, yet shown below it after the steps in which
+    requests finish; a batch that is not refilled (nobody waits) shows what runs."""
+    cfg = EngineConfig(num_blocks=100_000, block_size=16, max_num_seqs=512)
+    wl = Workload(Steady(1.0), LogNormal(50, 25), LogNormal(100, 50))
+    _, tr = run(cfg, rate=150.0, steps=400, wl=wl)
+    running, shown = tr.gauge("running")[200:], tr.gauge("running_shown")[200:]
+    assert (running == 512).all() and (shown <= running).all()
+    assert (shown < 512).mean() > 0.1 and (running - shown).mean() > 1, (running - shown).mean()
+    _, quiet = run(cfg, rate=2.0, steps=300, wl=wl)  # nobody waits: no refill to miss
+    assert (quiet.gauge("running_shown") == quiet.gauge("running")).all()
+
+
 def test_reserve_for_max_output_lowers_admitted_concurrency() -> None:
     cfg = EngineConfig(num_blocks=12_000, block_size=16, prefill_tokens_per_s=100_000)
     wl = replace(CHAT, output=LogNormal(150, 600), max_tokens=3072)

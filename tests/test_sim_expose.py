@@ -179,6 +179,27 @@ def test_vllm_labels_engine_and_cache_config() -> None:
     assert info[0]["num_gpu_blocks"] == "None"  # the V1 0.8.x bug
 
 
+@pytest.mark.parametrize(("dialect", "name", "expect"), [
+    (Dialect.VLLM_0_10, "vllm:num_requests_running", "running_shown"),
+    (Dialect.VLLM_V0_0_6, "vllm:num_requests_running", "running_shown"),
+    (Dialect.VLLM_RAY, "ray_vllm_num_requests_running", "running_shown"),
+    (Dialect.SGLANG_0_5, "sglang:num_running_reqs", "running"),
+], ids=str)
+def test_vllm_shows_running_after_the_step_finished_requests_left(dialect: Dialect, name: str, expect: str) -> None:
+    """vLLM's running gauge is read after the step's finished requests left the batch (V1
+    ``update_from_output`` then ``make_stats``; V0 frees them before logging); SGLang logs the
+    batch with them still in it. Here a view whose gauge would differ by 7."""
+    from dataclasses import replace
+
+    _, engines = scrape(Dialect.VLLM_0_10)
+    view = engines[0].view(1_795_000_000.0)
+    g = dict(view.g)
+    g["running"], g["running_shown"] = 64.0, 57.0
+    text = exposition(dialect, [replace(view, g=g)], "m", created_at=CREATED_AT)
+    got = {v for n, lb, v in samples(text) if n == name}
+    assert got == {g[expect]}, got
+
+
 @pytest.mark.parametrize(("dialect", "name", "bounds"), [
     (Dialect.VLLM_0_33, "vllm:time_to_first_token_seconds", B.VLLM_TTFT),
     (Dialect.VLLM_0_8_2, "vllm:time_to_first_token_seconds", B.VLLM_TTFT_OLD),

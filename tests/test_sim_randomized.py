@@ -51,6 +51,16 @@ def test_a_watermark_on_a_full_pool_is_not_a_policy_stall() -> None:
     assert label.mode is Mode.FULL, label
 
 
+@pytest.mark.parametrize("dialect", [Dialect.VLLM_0_10, Dialect.VLLM_V0_0_6, Dialect.VLLM_RAY])
+def test_vllm_is_never_drawn_into_a_reservation_stall(dialect: Dialect) -> None:
+    """vLLM allocates the blocks a request needs now and reserves nothing for its output, so a
+    reserve-for-max-output stall is drawn only for engines that have one (SGLang, TRT-LLM)."""
+    fams = {draw_target(i, 5, dialect, end_time=END, duration_s=600).family for i in range(40)}
+    assert "reservation" not in fams
+    assert "reservation" in {draw_target(i, 5, Dialect.SGLANG_0_5, end_time=END, duration_s=600).family
+                             for i in range(40)}
+
+
 def test_draws_are_seeded_and_labelled_from_truth() -> None:
     a = draw_target(3, 99, Dialect.SGLANG_0_5, end_time=END)
     b = draw_target(3, 99, Dialect.SGLANG_0_5, end_time=END)

@@ -102,6 +102,10 @@ FACTS: dict[str, str] = {
     "group_kv_usage_mean": "fleet (group) mean KV usage incl. this replica",
     "kv_usage_vs_group": "this replica's mean KV usage minus the others' median",
     "ttft_slo": "configured TTFT SLO in seconds",
+    "finishes_per_step": "requests finishing in one engine step where the running gauge is read after they left "
+                         "(vLLM): running x finished/s / tokens/s over 10 minutes; a batch at its cap reads the cap "
+                         "with probability e^-finishes_per_step. 0 where the gauge counts them (the cap itself is "
+                         "read); none without request or token counters",
     "waiting_counts_prefill": "1 where the engine's queue gauge also counts requests in prefill (Dynamo frontend; "
                               "kvwatch then reads as waiting only the part a within-SLO prefill cannot hold: diagnose/prefill.py), else 0",
     "waiting_estimated": "1 where waiting is the Little's-law estimate from the queue-time histogram (no queue gauge: "

@@ -51,6 +51,9 @@ class Engine:
                  recorder: Recorder | None = None) -> None:
         self.cfg, self.workload, self.recorder = config, workload, recorder
         self.rng = np.random.default_rng(seed)
+        # a stream of its own for what only a gauge shows: drawing from ``rng`` would move
+        # every arrival after it
+        self._gauge_rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
         self.pool = ArrivalPool(self.rng)
         self.hist = HistBank()
         self.t = self.phase_start = 0.0
@@ -122,20 +125,28 @@ class Engine:
             self._timeouts(t - cfg.client_timeout_s)
         ttft_events: list[tuple[float, float]] | None = [] if self.recorder else None
         work = (0.0, 0.0, 0.0, 0.0)
+        done0 = c[_STOP] + c[_LENGTH]
         if not cfg.stalled:
             self._admit(t)
             work = self._compute(t, ttft_events)
         used = self._account()
+        before = len(self.running)
         if not cfg.stalled and (self.fresh or self.resumed):
             # slots and blocks freed during the step are refilled by the next iteration
             used += self._admit(t + cfg.dt)
+        # a gauge read after the step's last iteration misses the requests that finished in it
+        # while their slots wait for the next iteration's refill (each finish falls in the last
+        # of the step's iterations with probability ITL / dt)
+        finished, itl = int(c[_STOP] + c[_LENGTH] - done0), work[3]
+        gone = int(self._gauge_rng.binomial(finished, min(1.0, itl / cfg.dt))) if finished and itl > 0 else 0
+        shown = len(self.running) - min(gone, len(self.running) - before)
         waiting = len(self.fresh) + len(self.resumed)
         blocked = BLOCKED_STALLED if cfg.stalled and waiting else (self._blocked if waiting
                                                                    else BLOCKED_NONE)
         self.g = [used / cfg.num_blocks, self._alloc / cfg.num_blocks, used, self._alloc,
                   len(self.running), waiting, self._paused, len(self.prefilling), self._n_dec,
                   work[0], work[1] / cfg.dt, work[2] / cfg.dt, work[3], cfg.num_blocks,
-                  cfg.max_num_seqs, blocked]  # in the order of trace.GAUGES
+                  cfg.max_num_seqs, blocked, shown]  # in the order of trace.GAUGES
         if self.recorder is not None:
             self.recorder.append(t, self.g, c, ttft_events)
         self.t = t + cfg.dt

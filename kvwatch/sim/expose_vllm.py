@@ -88,8 +88,9 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
         lb: Labels = (("engine", engine), ("model_name", model_name)) if engine else (
             ("model_name", model_name),)
         tok_b = B.vllm_token_buckets(view.config.max_model_len)
+        # read after the step's finished requests left (V1 update_from_output, V0 likewise)
         f.gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                lb, g["running"])
+                lb, g["running_shown"])
         f.gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
                 lb, g["waiting"])
         if v.v0:

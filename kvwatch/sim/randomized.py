@@ -230,6 +230,12 @@ FAMILIES: dict[str, tuple[float, Callable[[np.random.Generator, EngineConfig, fl
 }
 
 
+#: engines without a family's mechanism, which are never drawn into it: vLLM admits on the
+#: blocks a request needs now (V1 ``allocate_slots``; V0 keeps a 1 % watermark) and reserves
+#: nothing for its output, so a reservation stall is not a vLLM state
+FAMILY_ENGINES_WITHOUT: dict[str, tuple[str, ...]] = {"reservation": ("vllm",)}
+
+
 @dataclass(frozen=True)
 class DrawnTarget:
     """A simulated target with its mechanism label and how many draws were redrawn."""
@@ -253,7 +259,7 @@ def draw_target(index: int, seed: int, dialect: Dialect, *, family: str | None =
                 scrape_interval_s: float = 15.0, max_redraws: int = 12) -> DrawnTarget:
     """Draw, simulate and label target ``index`` of corpus ``seed``; redraw ambiguous truth."""
     run_s = warmup_s + duration_s
-    names = list(FAMILIES)
+    names = [n for n in FAMILIES if dialect.engine not in FAMILY_ENGINES_WITHOUT.get(n, ())]
     weights = np.array([FAMILIES[n][0] for n in names])
     for attempt in range(max_redraws + 1):
         rng = np.random.default_rng(seed_of(seed, index, attempt, "randomized"))

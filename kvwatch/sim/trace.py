@@ -28,8 +28,11 @@ COUNTERS: tuple[str, ...] = (
 GAUGES: tuple[str, ...] = (
     "usage", "alloc_frac", "used_blocks", "alloc_blocks", "running", "waiting", "paused",
     "prefilling", "decoding", "prefill_tokens", "prompt_tps", "gen_tps", "itl",
-    "num_blocks", "max_num_seqs", "blocked",
+    "num_blocks", "max_num_seqs", "blocked", "running_shown",
 )
+#: ``running_shown``: running as a gauge read after each step's finished requests left shows it
+#: (vLLM's ``num_requests_running``): less the requests that finished in the step's last
+#: iteration whose slots the next step refills (``running`` counts them refilled)
 #: codes of the ``blocked`` gauge: why the head of the queue was not admitted after a step
 #: (ground truth for mechanism labels; never exported)
 BLOCKED_NONE, BLOCKED_SLOTS, BLOCKED_KV, BLOCKED_POLICY, BLOCKED_STALLED = range(5)

@@ -10,6 +10,7 @@ from kvwatch.core.diagnose.view import TargetView
 from kvwatch.core.dialects import (
     SourceKind,
     resolve,
+    running_after_finishes,
     tokens_counted_at_finish,
     waiting_counts_prefill,
     waiting_is_estimate,
@@ -57,6 +58,7 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "capacity_requests": safe_ratio(cap, per_req),
         "max_running": view.stat("max_running", w, "last"),
         "ttft_slo": p.ttft_slo_s,
+        "finishes_per_step": _finishes_per_step(view),
         "waiting_counts_prefill": 1.0 if waiting_counts_prefill(view.target.dialect) else 0.0,
         "waiting_estimated": 1.0 if waiting_is_estimate(view.target) else 0.0,
         "tokens_at_finish": 1.0 if tokens_counted_at_finish(view.target) else 0.0,
@@ -78,6 +80,26 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "kv_usage_vs_group": None,
         **group,
     }
+
+
+#: the span (s) the completions per step are read over: batch-limited's own (``for: 10m``)
+FINISHES_SPAN_S = 600.0
+
+
+def _finishes_per_step(view: TargetView) -> float | None:
+    """Requests that finish in one engine step, as a running gauge read after the step misses
+    them (λ: a batch held at its cap reads the cap with probability e^-λ). Each decoding request
+    emits one token per step, so a step lasts running / tokens-per-second and λ = finished/s x
+    running / tokens/s (medians over the last 10 minutes; speculative decoding's extra tokens per
+    step only lower it). 0 where the gauge counts the step's finished requests (the cap itself
+    is read); None where a counter is missing or reads no tokens."""
+    if not running_after_finishes(view.target):
+        return 0.0
+    running, done, tokens = (view.stat(s, FINISHES_SPAN_S, "median")
+                             for s in ("running", "request_rate", "gen_tps"))
+    if running is None or done is None or tokens is None or tokens <= 0:
+        return None
+    return running * done / tokens
 
 
 def _estimate_lag_s(view: TargetView) -> float:

@@ -153,6 +153,11 @@ class Source:
     #: per step (SGLang's ``generation_tokens_total``, per-request histogram sums), so a zero rate
     #: says only that no request finished in the rate window, as a request counter would
     counted_at_finish: bool = False
+    #: for a running gauge: the engine reads it after the step's finished requests left the
+    #: batch (vLLM: V1 ``update_from_output`` removes them, then ``make_stats``; V0 frees finished
+    #: groups before logging), so a batch held at its cap reads the cap less the requests that
+    #: finished in that step (exactly the cap with probability e^-λ, λ completions per step)
+    after_finishes: bool = False
 
     @property
     def requires(self) -> tuple[str, ...]:

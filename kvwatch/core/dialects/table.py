@@ -215,6 +215,13 @@ def tokens_counted_at_finish(target: Target) -> bool:
     return src is not None and src.counted_at_finish
 
 
+def running_after_finishes(target: Target) -> bool:
+    """Whether a target's running gauge is read after each step's finished requests left the
+    batch (vLLM), so a batch at its cap dips below it by the step's completions."""
+    src = resolve(target).get(Signal.RUNNING)
+    return src is not None and src.after_finishes
+
+
 def waiting_counts_prefill(dialect_id: str) -> bool:
     """Whether a dialect's waiting gauge also counts requests in prefill (until their first token)."""
     d = DIALECT_BY_ID.get(dialect_id)

@@ -34,7 +34,7 @@ def vllm_sources(p: str, total: str = "_total") -> dict[Signal, tuple[Source, ..
                 Source(G, f"{p}gpu_cache_usage_perc", _VM,
                        note="old name (<= 0.10.x; 0.11.x only with --show-hidden-metrics-for-version=0.10)"),
             ),
-            Signal.RUNNING: Source(G, f"{p}num_requests_running", _VM, agg="sum"),
+            Signal.RUNNING: Source(G, f"{p}num_requests_running", _VM, agg="sum", after_finishes=True),
             Signal.WAITING: (
                 Source(G, f"{p}num_requests_waiting", _VM, agg="sum", note=">= 0.20.2: capacity-waiting + deferred"),
                 queue_occupancy(f"{p}request_queue_time_seconds", _VM),
