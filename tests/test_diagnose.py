@@ -3519,6 +3519,12 @@ _VLLM_V1 = Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m", names=frozense
     "vllm:request_success_total", "vllm:generation_tokens_total", "vllm:prompt_tokens_total"}))
 
 
+#: an SGLang engine (its running gauge counts the step's finished requests), the same signals
+_SGLANG = Target(TargetKey("sgl", "s"), "sglang", "sglang", "m", names=frozenset({
+    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:num_requests_total",
+    "sglang:generation_tokens_total", "sglang:prompt_tokens_total"}))
+
+
 def _cap_dipped_by_finishes(cap: float, per_step: float, seed: int) -> dict[Signal, np.ndarray]:
     """A batch held at ``cap`` by max_num_seqs, 300 waiting, KV 40 % flat, as a gauge read after
     each step's finished requests left: ``cap`` less Poisson(``per_step``). The counters agree:
@@ -3555,10 +3561,47 @@ def test_a_batch_that_dips_below_its_maximum_on_an_engine_counting_finished_requ
     (they leave at the next step's filter), so a cap reads exactly at the cap; the same dips there
     are a count wandering under a reservation (fragmented), whatever its completions per step."""
     sigs = _cap_dipped_by_finishes(1024, 10.0, 0)
-    t = Target(TargetKey("sgl", "s"), "sglang", "sglang", "m", names=frozenset({
-        "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:num_requests_total",
-        "sglang:generation_tokens_total", "sglang:prompt_tokens_total"}))
-    r = _diagnose_as(t, sigs)
+    r = _diagnose_as(_SGLANG, sigs)
+    assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
+
+
+def test_a_vllm_batch_at_a_small_cap_dipping_by_four_finishes_a_step_is_batch_limited() -> None:
+    """Held-out rnd-300-033 (vLLM 0.10, max_num_seqs=256 binding at 2.4x, ~60-token outputs; the
+    first corpus drawn with the simulator's vLLM gauge read after the step's finished requests
+    left): 27,000 waiting, KV 4 %, running 247-256, at 247-254 in the last 10 minutes. λ = 252 x
+    17 finished/s / 1,060 tokens/s = 4.2 requests finish per step, so the gauge sits at the cap
+    less Poisson(4.2): within 2 % (5 requests) of its maximum in 86 % of the samples only, under
+    the 90 % a plateau needs, and it read `fragmented`. With λ known the band is the gauge's own:
+    the 10th percentile within λ + 2√λ + 1 of the maximum (Poisson(λ)'s 90th percentile, with the
+    noise of 21 samples).
+    Converse: the same batch where the gauge counts finished requests (SGLang) wanders."""
+    kv = [0.04, 0.047, 0.052, 0.042, 0.043, 0.046, 0.043, 0.042, 0.043, 0.048, 0.04, 0.044, 0.047, 0.046, 0.044,
+        0.046, 0.043, 0.039, 0.049, 0.045, 0.041, 0.041, 0.038, 0.044, 0.043, 0.05, 0.042, 0.048, 0.043,
+        0.042, 0.045, 0.046, 0.047, 0.045, 0.04, 0.042, 0.039, 0.044, 0.043, 0.05, 0.043, 0.049, 0.044,
+        0.046, 0.041, 0.045, 0.047, 0.043, 0.041, 0.043, 0.043, 0.046, 0.047, 0.043, 0.043, 0.043, 0.046,
+        0.044, 0.042, 0.04, 0.044]
+    waiting = [21932, 22742, 23528, 24229, 25043, 25755, 26491, 27154, 27660, 27717, 27614, 27663, 27634, 27727,
+        27759, 27811, 27828, 27758, 27744, 27713, 27655, 27588, 27586, 27499, 27497, 27459, 27411,
+        27483, 27454, 27483, 27525, 27595, 27616, 27613, 27631, 27541, 27542, 27549, 27515, 27524,
+        27484, 27421, 27437, 27438, 27446, 27418, 27396, 27414, 27419, 27363, 27506, 27553, 27522,
+        27454, 27547, 27529, 27548, 27548, 27533, 27483, 27492]
+    running = [252, 252, 251, 250, 253, 254, 253, 254, 253, 252, 251, 250, 253, 252, 255, 252, 252, 250, 251,
+        252, 253, 253, 249, 252, 253, 256, 252, 250, 255, 252, 253, 250, 253, 252, 252, 254, 254, 256,
+        249, 255, 252, 250, 253, 254, 249, 253, 247, 253, 248, 248, 253, 251, 250, 253, 253, 253, 251,
+        251, 253, 254, 253]
+    done = [17.3, 17.2, 17.0, 17.2, 16.9, 17.0, 17.4, 17.3, 17.6, 17.6, 17.6, 17.4, 17.4, 17.3, 17.4, 17.4, 17.4,
+        17.5, 17.3, 17.3, 17.4, 17.4, 17.7, 17.8, 17.9, 17.7, 17.6, 17.7, 17.4, 17.5, 17.2, 17.1, 17.1,
+        17.0, 17.0, 17.0, 17.2, 17.2, 17.2, 17.1, 17.0, 17.0, 17.1, 17.4, 17.4, 17.4, 17.4, 17.4, 17.6,
+        17.5, 17.4, 17.5, 17.3, 17.4, 17.5, 17.8, 17.7, 17.5, 17.6, 17.4, 17.4]
+    tokens = [1060, 1063, 1044, 1040, 1044, 1044, 1064, 1074, 1053, 1064, 1055, 1046, 1055, 1054, 1064, 1059,
+        1067, 1072, 1067, 1066, 1061, 1057, 1069, 1077, 1083, 1076, 1072, 1065, 1051, 1057, 1038, 1036,
+        1040, 1037, 1052, 1059, 1067, 1067, 1051, 1036, 1032, 1026, 1029, 1041, 1035, 1041, 1044, 1054,
+        1054, 1059, 1051, 1028, 1032, 1026, 1037, 1054, 1054, 1053, 1056, 1061, 1058]
+    sigs = recorded(kv, waiting, running, request_rate=np.array(done), gen_tps=np.array(tokens, dtype=float))
+    r = _diagnose_as(_VLLM_V1, sigs)
+    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), (
+        r.state, [d.rule_id for d in r.diagnoses])
+    r = _diagnose_as(_SGLANG, sigs)
     assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
 
 

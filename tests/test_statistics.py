@@ -20,6 +20,7 @@ from kvwatch.core.statistics.series import MIN_SAMPLES, SeriesStats
 BOTH = sorted(n for n, s in REGISTRY.items() if s.fleet is not None and s.series is not None)
 ARGS: dict[str, tuple[float | None, ...]] = {
     "quantile": (0.0, 0.1, 0.37, 0.9, 1.0),
+    "below_max": (None, 0.1, 0.5),
     "frac_above": (0.0, 0.5, 0.88),
     "frac_below": (0.1, 0.5),
     "frac_near_max": (None, 0.05, 0.2),

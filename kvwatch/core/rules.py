@@ -106,6 +106,8 @@ FACTS: dict[str, str] = {
                          "(vLLM): running x finished/s / tokens/s over 10 minutes; a batch at its cap reads the cap "
                          "with probability e^-finishes_per_step. 0 where the gauge counts them (the cap itself is "
                          "read); none without request or token counters",
+    "finish_dip": "how far under its cap (requests) such a gauge's 10th percentile may sit from those finishes "
+                  "alone: finishes_per_step + 2 sqrt(finishes_per_step) + 1; 0 where the gauge counts them",
     "waiting_counts_prefill": "1 where the engine's queue gauge also counts requests in prefill (Dynamo frontend; "
                               "kvwatch then reads as waiting only the part a within-SLO prefill cannot hold: diagnose/prefill.py), else 0",
     "waiting_estimated": "1 where waiting is the Little's-law estimate from the queue-time histogram (no queue gauge: "

@@ -6,6 +6,8 @@ that triage text quotes; replica-group facts from :mod:`.groups` are merged in.
 
 from __future__ import annotations
 
+import math
+
 from kvwatch.core.diagnose.view import TargetView
 from kvwatch.core.dialects import (
     SourceKind,
@@ -58,7 +60,9 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "capacity_requests": safe_ratio(cap, per_req),
         "max_running": view.stat("max_running", w, "last"),
         "ttft_slo": p.ttft_slo_s,
-        "finishes_per_step": _finishes_per_step(view),
+        "finishes_per_step": (lam := _finishes_per_step(view)),
+        # the 90th percentile of Poisson(λ) with the noise of a 10th percentile of 21 samples
+        "finish_dip": None if lam is None else lam + 2 * math.sqrt(lam) + 1 if lam > 0 else 0.0,
         "waiting_counts_prefill": 1.0 if waiting_counts_prefill(view.target.dialect) else 0.0,
         "waiting_estimated": 1.0 if waiting_is_estimate(view.target) else 0.0,
         "tokens_at_finish": 1.0 if tokens_counted_at_finish(view.target) else 0.0,

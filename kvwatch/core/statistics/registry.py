@@ -144,6 +144,12 @@ _TABLE: tuple[Statistic, ...] = (
     _quantile_stat("median", 0.5),
     *(_quantile_stat(f"p{p}", p / 100) for p in (10, 25, 50, 75, 90, 99)),
     Statistic("quantile", True, lambda s, arg: s.quantile(arg), lambda st, arg: st.quantile(arg)),
+    # the max less the arg quantile, in the signal's units: how deep a count dips below its ceiling
+    Statistic(
+        "below_max", True,
+        lambda s, arg: np.nanmax(s.m, axis=1) - s.quantile(0.1 if arg is None else arg),
+        lambda st, arg: st.below_max(0.1 if arg is None else arg),
+    ),
     Statistic(
         "frac_above", True,
         lambda s, arg: _frac(s, s.m >= (0.0 if arg is None else arg)),

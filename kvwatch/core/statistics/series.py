@@ -108,6 +108,12 @@ class SeriesStats:
         hi = min(lo + 1, n - 1)
         return float(srt[lo] + (srt[hi] - srt[lo]) * (pos - lo))
 
+    def below_max(self, q: float) -> float | None:
+        """How far (in the signal's units) the ``q`` quantile sits under the span's maximum: the
+        depth of the dips below a ceiling (a cap read less the requests just finished)."""
+        top, at = self.max, self.quantile(q)
+        return None if top is None or at is None else top - at
+
     def frac_above(self, x: float) -> float | None:
         """Fraction of samples ≥ x."""
         return np.count_nonzero(self.v >= x) / len(self.v) if len(self.v) else None
