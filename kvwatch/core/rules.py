@@ -108,6 +108,8 @@ FACTS: dict[str, str] = {
                          "read); none without request or token counters",
     "finish_dip": "how far under its cap (requests) such a gauge's 10th percentile may sit from those finishes "
                   "alone: finishes_per_step + 2 sqrt(finishes_per_step) + 1; 0 where the gauge counts them",
+    "cap_share": "the least share of samples such a gauge reads at the cap itself: e^-finishes_per_step less "
+                 "0.25 (2.5 sd of 21 samples), 0 from 1.4 finishes per step on; 1 where the gauge counts them",
     "waiting_counts_prefill": "1 where the engine's queue gauge also counts requests in prefill (Dynamo frontend; "
                               "kvwatch then reads as waiting only the part a within-SLO prefill cannot hold: diagnose/prefill.py), else 0",
     "waiting_estimated": "1 where waiting is the Little's-law estimate from the queue-time histogram (no queue gauge: "

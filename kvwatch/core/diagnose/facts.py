@@ -63,6 +63,8 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "finishes_per_step": (lam := _finishes_per_step(view)),
         # the 90th percentile of Poisson(λ) with the noise of a 10th percentile of 21 samples
         "finish_dip": None if lam is None else lam + 2 * math.sqrt(lam) + 1 if lam > 0 else 0.0,
+        # the share of samples such a gauge shows at the cap itself, e^-λ, less 2.5 sd of 21 samples
+        "cap_share": None if lam is None else max(0.0, math.exp(-lam) - 0.25) if lam > 0 else 1.0,
         "waiting_counts_prefill": 1.0 if waiting_counts_prefill(view.target.dialect) else 0.0,
         "waiting_estimated": 1.0 if waiting_is_estimate(view.target) else 0.0,
         "tokens_at_finish": 1.0 if tokens_counted_at_finish(view.target) else 0.0,
