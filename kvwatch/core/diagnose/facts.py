@@ -60,11 +60,7 @@ def facts_for(view: TargetView, group: dict[str, float | None]) -> dict[str, flo
         "capacity_requests": safe_ratio(cap, per_req),
         "max_running": view.stat("max_running", w, "last"),
         "ttft_slo": p.ttft_slo_s,
-        "finishes_per_step": (lam := _finishes_per_step(view)),
-        # the 90th percentile of Poisson(λ) with the noise of a 10th percentile of 21 samples
-        "finish_dip": None if lam is None else lam + 2 * math.sqrt(lam) + 1 if lam > 0 else 0.0,
-        # the share of samples such a gauge shows at the cap itself, e^-λ, less 2.5 sd of 21 samples
-        "cap_share": None if lam is None else max(0.0, math.exp(-lam) - 0.25) if lam > 0 else 1.0,
+        **_cap_dips(_finishes_per_step(view)),
         "waiting_counts_prefill": 1.0 if waiting_counts_prefill(view.target.dialect) else 0.0,
         "waiting_estimated": 1.0 if waiting_is_estimate(view.target) else 0.0,
         "tokens_at_finish": 1.0 if tokens_counted_at_finish(view.target) else 0.0,
@@ -106,6 +102,20 @@ def _finishes_per_step(view: TargetView) -> float | None:
     if running is None or done is None or tokens is None or tokens <= 0:
         return None
     return running * done / tokens
+
+
+def _cap_dips(lam: float | None) -> dict[str, float | None]:
+    """``finishes_per_step`` (λ) and what a batch at its cap then looks like on a gauge read after
+    the step's finished requests left: ``finish_dip``, how far under the cap its 10th percentile
+    may sit (Poisson(λ)'s 90th percentile with the noise of 21 samples), and ``cap_share``, the least
+    share of samples at the cap itself (e^-λ less 2.5 sd of 21 samples). λ 0 (the gauge keeps the
+    finished requests): no dip, every sample at the cap; λ unknown: neither is known."""
+    if lam is None:
+        return {"finishes_per_step": None, "finish_dip": None, "cap_share": None}
+    if lam <= 0:
+        return {"finishes_per_step": 0.0, "finish_dip": 0.0, "cap_share": 1.0}
+    return {"finishes_per_step": lam, "finish_dip": lam + 2 * math.sqrt(lam) + 1,
+            "cap_share": max(0.0, math.exp(-lam) - 0.25)}
 
 
 def _estimate_lag_s(view: TargetView) -> float:
