@@ -3565,6 +3565,16 @@ def test_a_batch_that_dips_below_its_maximum_on_an_engine_counting_finished_requ
     assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
 
 
+def _cap_on_vllm_wander_on_sglang(sigs: dict[Signal, np.ndarray]) -> None:
+    """The same series: a batch at its cap on vLLM (its gauge misses the step's finished
+    requests), a count wandering under a reservation on SGLang (its gauge keeps them)."""
+    r = _diagnose_as(_VLLM_V1, sigs)
+    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), (
+        r.state, [d.rule_id for d in r.diagnoses])
+    r = _diagnose_as(_SGLANG, sigs)
+    assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
+
+
 def test_a_vllm_batch_at_a_small_cap_dipping_by_four_finishes_a_step_is_batch_limited() -> None:
     """Held-out rnd-300-033 (vLLM 0.10, max_num_seqs=256 binding at 2.4x, ~60-token outputs; the
     first corpus drawn with the simulator's vLLM gauge read after the step's finished requests
@@ -3597,12 +3607,8 @@ def test_a_vllm_batch_at_a_small_cap_dipping_by_four_finishes_a_step_is_batch_li
         1067, 1072, 1067, 1066, 1061, 1057, 1069, 1077, 1083, 1076, 1072, 1065, 1051, 1057, 1038, 1036,
         1040, 1037, 1052, 1059, 1067, 1067, 1051, 1036, 1032, 1026, 1029, 1041, 1035, 1041, 1044, 1054,
         1054, 1059, 1051, 1028, 1032, 1026, 1037, 1054, 1054, 1053, 1056, 1061, 1058]
-    sigs = recorded(kv, waiting, running, request_rate=np.array(done), gen_tps=np.array(tokens, dtype=float))
-    r = _diagnose_as(_VLLM_V1, sigs)
-    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), (
-        r.state, [d.rule_id for d in r.diagnoses])
-    r = _diagnose_as(_SGLANG, sigs)
-    assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
+    _cap_on_vllm_wander_on_sglang(recorded(kv, waiting, running, request_rate=np.array(done),
+                                           gen_tps=np.array(tokens, dtype=float)))
 
 
 def test_a_small_vllm_cap_read_after_a_finish_a_third_of_the_time_is_batch_limited() -> None:
@@ -3634,12 +3640,8 @@ def test_a_small_vllm_cap_read_after_a_finish_a_third_of_the_time_is_batch_limit
     tokens = [930, 932, 928, 922, 923, 919, 929, 922, 926, 935, 926, 927, 928, 940, 944, 949, 945, 928, 929, 931,
         923, 923, 921, 916, 926, 931, 932, 931, 940, 939, 933, 943, 940, 930, 941, 932, 927, 935, 935, 944, 935,
         935, 924, 926, 942, 929, 928, 918, 912, 927, 938, 938, 937, 937, 940, 936, 940, 932, 934, 939, 932]
-    sigs = recorded(kv, waiting, running, request_rate=np.array(done), gen_tps=np.array(tokens, dtype=float))
-    r = _diagnose_as(_VLLM_V1, sigs)
-    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), (
-        r.state, [d.rule_id for d in r.diagnoses])
-    r = _diagnose_as(_SGLANG, sigs)
-    assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
+    _cap_on_vllm_wander_on_sglang(recorded(kv, waiting, running, request_rate=np.array(done),
+                                           gen_tps=np.array(tokens, dtype=float)))
 
 
 _TGI_NAMES = frozenset({"tgi_batch_current_max_tokens", "tgi_batch_max_total_tokens", "tgi_batch_current_size",
