@@ -3565,6 +3565,28 @@ def test_a_batch_that_dips_below_its_maximum_on_an_engine_counting_finished_requ
     assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
 
 
+def test_the_fast_rule_weighs_vllm_dips_only_where_the_cap_is_rarely_read() -> None:
+    """Detection at 60 s scrapes (ph-fragmented-200, a reservation's count on vLLM 0.33) opened
+    batch-limited-fast for one step before fragmented took over: at about one finish per step the
+    dips path weighs the share of samples at the cap against e^-λ, and five minutes hold 6-11
+    samples, too few for that. Below λ 1.5 the fast rule keeps its strict test (the cap itself is
+    read in over a fifth of the samples); the 10-minute rule still reads the dips. Here a count of
+    29-32 at λ 1.2 (finished/s x running / tokens/s = 4 x 31 / 100), within the dips' depth."""
+    running = np.tile([32.0, 30.0, 32.0, 31.0, 29.0, 32.0, 30.0, 32.0, 31.0, 32.0, 30.0], N // 11 + 1)[:N]
+    sigs = base(kv_usage=const(0.05), running=running, waiting=const(400), request_rate=const(4.0),
+                gen_tps=const(100.0))
+    data = FleetData(grid=GRID, targets={_VLLM_V1.key: _VLLM_V1})
+    data.sourced[_VLLM_V1.key] = set(sigs)
+    for sig, v in sigs.items():
+        data.put(_VLLM_V1.key, sig, v)
+    (r,) = diagnose([_VLLM_V1], data, RULES, Params(at=AT, window_s=WINDOW, step_s=STEP, ttft_slo_s=2.0),
+                    explain=frozenset({_VLLM_V1.key}))
+    fast = next(c for c in r.checks if c.rule_id == "idle-batch-limited-fast")
+    assert fast.verdict is Verdict.NOT_MATCHED, fast
+    slow = next(c for c in r.checks if c.rule_id == "idle-batch-limited")
+    assert slow.verdict is Verdict.MATCHED, slow
+
+
 def _cap_on_vllm_wander_on_sglang(sigs: dict[Signal, np.ndarray]) -> None:
     """The same series: a batch at its cap on vLLM (its gauge misses the step's finished
     requests), a count wandering under a reservation on SGLang (its gauge keeps them)."""
