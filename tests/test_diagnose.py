@@ -777,6 +777,43 @@ def test_two_cycles_quiet_for_three_of_their_spacings_are_over() -> None:
     assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
 
 
+def test_a_queue_caught_at_peaks_that_recur_regularly_is_an_oscillation() -> None:
+    """Held-out rnd-313-017 (vLLM 0.8.2, bursts on a busy pool, oscillating by mechanism: pressure
+    episodes at regular spacing): pool and batch fill and drain (KV 0.22-1.0, running 42-130), a
+    queue of 5-8 requests caught in one scrape at four peaks 4, 6.5 and 5 minutes apart, the last
+    9 minutes ago. Each pressure alternative wanted the queue held two samples or a KV periodogram
+    peak (0.20: the pool's noise between the peaks hides the cycle), and it read healthy (7
+    variants). The queue's own rises recurring at a regular spacing (``spacing_cv``: std / mean of
+    the spacings between their starts, 0.20 here) where requests waited seconds (queue-time p99
+    3.6-4.7 s) are the period. Converses: the same four rises at irregular spacings (2, 16.5 and
+    1.5 minutes) are bursts, not a cycle; and regular rises that ended 11.5 minutes ago followed
+    by one request caught waiting are over (rnd-221-046: a lone request is an arrival between two
+    admissions, no peak)."""
+    kv = [0.4807, 0.8542, 0.6708, 0.2721, 0.719, 0.7371, 0.7406, 0.7069, 0.6801, 0.699, 0.9337, 0.9992, 0.3201,
+          0.4855, 0.426, 0.3523, 0.4628, 0.3774, 0.777, 0.9991, 0.9791, 0.8013, 0.3412, 0.2823, 0.403, 0.5195,
+          0.7224, 0.8463, 0.5198, 0.84, 0.6511, 0.2218, 0.9678, 0.4972, 0.5845, 0.8413, 0.5279, 0.735, 0.7113,
+          0.9791, 0.5107, 0.7483, 0.9912, 0.8781, 0.9101, 0.6605, 0.4204, 0.7065, 0.5529, 0.4505, 0.8683, 0.9017,
+          0.5509, 0.8907, 0.8128, 0.5805, 0.5562, 0.679, 0.6054, 0.9016, 0.9542]
+    running = [71, 117, 95, 63, 79, 100, 96, 81, 103, 89, 92, 108, 52, 70, 60, 63, 59, 81, 111, 110, 119, 108, 52,
+               42, 52, 69, 94, 84, 95, 110, 66, 52, 109, 103, 90, 107, 78, 100, 97, 130, 94, 85, 100, 115, 110, 87,
+               92, 99, 81, 70, 91, 116, 89, 94, 91, 81, 76, 88, 81, 121, 109]
+    waiting = [0.0] * N
+    for i, w in ((11, 7), (19, 6), (20, 1), (32, 5), (42, 8)):
+        waiting[i] = w
+    queue_p99 = np.full(N, 4.3)
+    r = diagnose_one(recorded(kv, waiting, running, queue_p99=queue_p99))
+    assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
+    irregular = [0.0] * N
+    for i, w in ((11, 7), (15, 6), (16, 1), (48, 5), (51, 8)):
+        irregular[i] = w
+    r = diagnose_one(recorded(kv, irregular, running, queue_p99=queue_p99))
+    assert r.state is not FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
+    ended = [*waiting[4:], 0.0, 0.0, 0.0, 1.0]  # the same rises 2 minutes earlier, the last 11 min back
+    assert ended[38] == 8 and max(ended[39:]) == 1 and (N - 1 - 38) * STEP > 600
+    r = diagnose_one(recorded(kv, ended, running, queue_p99=queue_p99))
+    assert r.state is not FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
+
+
 def test_a_lifted_limit_that_admits_the_queue_is_not_a_fragmented_stall() -> None:
     """Issue 11 (no incident after recovery): max_num_seqs restored, or a wedged engine
     restarted, at the last scrape; the queue is admitted at once (running 4 → 118, nobody

@@ -185,6 +185,26 @@ def test_quiet_spacings_reads_the_quiet_time_in_the_series_own_cycle_spacing() -
     assert REGISTRY["since_above"].series(SeriesStats(t, v2 + 1), 1.0) == 0.0
 
 
+def test_spacing_cv_reads_how_regularly_the_episode_starts_recur() -> None:
+    """Starts 120 s apart three times: a cycle, 0. Spacings of 90 and 240 s: their std / mean.
+    Rises under ``arg`` (one request where arg is 2) are no starts; a start needs 60 s at
+    ≤ arg/2 before it (a rise after one quiet scrape continues the episode); fewer than three
+    starts give no spread."""
+    t = np.arange(16, dtype=float) * 30
+    v = np.array([0, 0, 3, 0, 0, 0, 3, 0, 0, 0, 3, 0, 0, 0, 3, 0], dtype=float)
+    assert REGISTRY["spacing_cv"].series(SeriesStats(t, v), 2.0) == pytest.approx(0.0)
+    odd = np.array([0, 0, 3, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0], dtype=float)
+    odd2 = np.concatenate([odd[:15], [3]])  # a fourth start 60 s after the third
+    gaps = np.array([90.0, 240.0])
+    assert REGISTRY["spacing_cv"].series(SeriesStats(t, odd), 2.0) == pytest.approx(gaps.std() / gaps.mean())
+    assert REGISTRY["spacing_cv"].series(SeriesStats(t, odd2), 2.0) == pytest.approx(gaps.std() / gaps.mean())
+    ones = np.where(v > 0, 1.0, 0.0)
+    assert REGISTRY["spacing_cv"].series(SeriesStats(t, ones), 2.0) is None  # one request: no rise
+    assert REGISTRY["spacing_cv"].series(SeriesStats(t, ones), 1.0) == pytest.approx(0.0)
+    two = np.array([0, 0, 3, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0], dtype=float)
+    assert REGISTRY["spacing_cv"].series(SeriesStats(t, two), 2.0) is None
+
+
 def test_since_below_is_how_long_a_queue_has_been_up_without_a_break() -> None:
     t = np.arange(8, dtype=float) * 30
     st = SeriesStats(t, np.array([5, 0, 3, 9, 12, 7, 8, 11], dtype=float))

@@ -178,6 +178,8 @@ _TABLE: tuple[Statistic, ...] = (
     # ... and since it was last at arg x its own span maximum (the scale of its peaks)
     Statistic("since_near_peak", True, None, lambda st, arg: st.since_near_peak(0.1 if arg is None else arg)),
     Statistic("quiet_spacings", True, None, lambda st, arg: st.quiet_spacings(1.0 if arg is None else arg)),
+    # how regular those episode starts are: std / mean of their spacings (a cycle near 0)
+    Statistic("spacing_cv", True, None, lambda st, arg: st.spacing_cv(1.0 if arg is None else arg)),
     # how long the signal sat at or under arg/2 before its newest rise to >= arg (the trough
     # behind the latest peak), in seconds
     Statistic("quiet_before_last", True, None, lambda st, arg: st.quiet_before_last(1.0 if arg is None else arg)),

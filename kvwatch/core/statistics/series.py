@@ -280,6 +280,16 @@ class SeriesStats:
         spacing = float(np.median(np.diff(starts)))
         return since / spacing if spacing > 0 else None
 
+    def spacing_cv(self, x: float, min_gap_s: float = 60.0) -> float | None:
+        """How regular the episodes at ≥ ``x`` recur: the coefficient of variation (std / mean)
+        of the spacings between their starts (:meth:`_held_starts`). A cycle scores near 0,
+        bursts at random near 1 (exponential gaps). None with fewer than three starts (two
+        spacings are the least a spread can be read from)."""
+        gaps = np.diff(self._held_starts(x, min_gap_s))
+        if len(gaps) < 2 or gaps.mean() <= 0:
+            return None
+        return float(gaps.std() / gaps.mean())
+
     def swings(self, min_range: float = 0.3, dwell: int = 1, open_end: bool = False) -> int | None:
         """Completed fill/drain excursions relative to the span's own range.
 
