@@ -3556,10 +3556,17 @@ _VLLM_V1 = Target(TargetKey("vllm", "t"), "vllm-v1", "vllm", "m", names=frozense
     "vllm:request_success_total", "vllm:generation_tokens_total", "vllm:prompt_tokens_total"}))
 
 
-#: an SGLang engine (its running gauge counts the step's finished requests), the same signals
+#: an SGLang engine, the same signals (its running gauge is read after finishes too: the
+#: scheduler logs the decode batch that ran, filtered of the previous step's finished requests,
+#: and at each prefill the running batch before the refill)
 _SGLANG = Target(TargetKey("sgl", "s"), "sglang", "sglang", "m", names=frozenset({
     "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:num_requests_total",
     "sglang:generation_tokens_total", "sglang:prompt_tokens_total"}))
+
+#: a trtllm-serve engine, the same signals: its running gauge (the executor's active set) is not
+#: read after finishes in kvwatch's dialect table, so dips under its maximum are the count's own
+_TRTLLM = Target(TargetKey("trt", "a"), "trtllm-serve", "trtllm", "m", names=_TRTLLM_SERVE_NAMES | {
+    "trtllm_num_requests_running", "trtllm_request_success_total"})
 
 
 def _cap_dipped_by_finishes(cap: float, per_step: float, seed: int) -> dict[Signal, np.ndarray]:
@@ -3576,8 +3583,9 @@ def _cap_dipped_by_finishes(cap: float, per_step: float, seed: int) -> dict[Sign
 
 @pytest.mark.parametrize("cap,per_step", [(1024, 3.0), (1024, 10.0), (512, 5.0)])
 @pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("target", [_VLLM_V1, _SGLANG], ids=["vllm", "sglang"])
 def test_a_vllm_batch_at_its_cap_reads_below_it_by_the_requests_each_step_finished(
-    cap: float, per_step: float, seed: int,
+    cap: float, per_step: float, seed: int, target: Target,
 ) -> None:
     """vLLM counts running after a step's finished requests left (V1 scheduler.update_from_output:
     ``remove_all(self.running, stopped)`` then ``make_stats``; V0 frees finished groups before
@@ -3587,18 +3595,22 @@ def test_a_vllm_batch_at_its_cap_reads_below_it_by_the_requests_each_step_finish
     never scraped, and batch-limited's "maximum reached again and again" failed at random: the
     same engine read `fragmented` (whose triage sends the on-call to a reservation policy vLLM
     does not have) or batch-limited by the draw. Where the counters show several completions
-    per step, the dips below the maximum are the gauge's, not a wandering admission."""
-    r = _diagnose_as(_VLLM_V1, _cap_dipped_by_finishes(cap, per_step, seed))
+    per step, the dips below the maximum are the gauge's, not a wandering admission. SGLang's
+    num_running_reqs dips the same way (sgl-project/sglang scheduler: ``log_decode_stats`` counts
+    the decode batch that ran, filtered of the previous step's finished requests before the refill;
+    ``log_prefill_stats`` the running batch before the prefill that refills it): it read
+    fragmented."""
+    r = _diagnose_as(target, _cap_dipped_by_finishes(cap, per_step, seed))
     assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), (
         r.state, [d.rule_id for d in r.diagnoses])
 
 
 def test_a_batch_that_dips_below_its_maximum_on_an_engine_counting_finished_requests_is_no_cap() -> None:
-    """Converse: SGLang logs num_running_reqs with the step's finished requests still in the batch
-    (they leave at the next step's filter), so a cap reads exactly at the cap; the same dips there
-    are a count wandering under a reservation (fragmented), whatever its completions per step."""
+    """Converse: where the dialect table does not read the running gauge after finishes
+    (trtllm-serve's active set), a cap reads exactly at the cap; the same dips there are a count
+    wandering under a reservation (fragmented), whatever its completions per step."""
     sigs = _cap_dipped_by_finishes(1024, 10.0, 0)
-    r = _diagnose_as(_SGLANG, sigs)
+    r = _diagnose_as(_TRTLLM, sigs)
     assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
 
 
@@ -3624,13 +3636,14 @@ def test_the_fast_rule_weighs_vllm_dips_only_where_the_cap_is_rarely_read() -> N
     assert slow.verdict is Verdict.MATCHED, slow
 
 
-def _cap_on_vllm_wander_on_sglang(sigs: dict[Signal, np.ndarray]) -> None:
-    """The same series: a batch at its cap on vLLM (its gauge misses the step's finished
-    requests), a count wandering under a reservation on SGLang (its gauge keeps them)."""
-    r = _diagnose_as(_VLLM_V1, sigs)
-    assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), (
-        r.state, [d.rule_id for d in r.diagnoses])
-    r = _diagnose_as(_SGLANG, sigs)
+def _cap_on_vllm_wander_elsewhere(sigs: dict[Signal, np.ndarray]) -> None:
+    """The same series: a batch at its cap on vLLM and SGLang (their gauges miss the step's
+    finished requests), a count wandering under a reservation on trtllm-serve (not read so)."""
+    for target in (_VLLM_V1, _SGLANG):
+        r = _diagnose_as(target, sigs)
+        assert (r.state, r.primary.cause if r.primary else None) == (FailureMode.IDLE, "batch_limited"), (
+            target.dialect, r.state, [d.rule_id for d in r.diagnoses])
+    r = _diagnose_as(_TRTLLM, sigs)
     assert r.state is FailureMode.FRAGMENTED, (r.state, [d.rule_id for d in r.diagnoses])
 
 
@@ -3643,7 +3656,8 @@ def test_a_vllm_batch_at_a_small_cap_dipping_by_four_finishes_a_step_is_batch_li
     the 90 % a plateau needs, and it read `fragmented`. With λ known the band is the gauge's own:
     the 10th percentile within λ + 2√λ + 1 of the maximum (Poisson(λ)'s 90th percentile, with the
     noise of 21 samples).
-    Converse: the same batch where the gauge counts finished requests (SGLang) wanders."""
+    SGLang's gauge reads the same way. Converse: the same batch where the gauge is not read after
+    finishes (trtllm-serve) wanders."""
     kv = [0.04, 0.047, 0.052, 0.042, 0.043, 0.046, 0.043, 0.042, 0.043, 0.048, 0.04, 0.044, 0.047, 0.046, 0.044,
         0.046, 0.043, 0.039, 0.049, 0.045, 0.041, 0.041, 0.038, 0.044, 0.043, 0.05, 0.042, 0.048, 0.043,
         0.042, 0.045, 0.046, 0.047, 0.045, 0.04, 0.042, 0.039, 0.044, 0.043, 0.05, 0.043, 0.049, 0.044,
@@ -3666,7 +3680,7 @@ def test_a_vllm_batch_at_a_small_cap_dipping_by_four_finishes_a_step_is_batch_li
         1067, 1072, 1067, 1066, 1061, 1057, 1069, 1077, 1083, 1076, 1072, 1065, 1051, 1057, 1038, 1036,
         1040, 1037, 1052, 1059, 1067, 1067, 1051, 1036, 1032, 1026, 1029, 1041, 1035, 1041, 1044, 1054,
         1054, 1059, 1051, 1028, 1032, 1026, 1037, 1054, 1054, 1053, 1056, 1061, 1058]
-    _cap_on_vllm_wander_on_sglang(recorded(kv, waiting, running, request_rate=np.array(done),
+    _cap_on_vllm_wander_elsewhere(recorded(kv, waiting, running, request_rate=np.array(done),
                                            gen_tps=np.array(tokens, dtype=float)))
 
 
@@ -3677,8 +3691,8 @@ def test_a_small_vllm_cap_read_after_a_finish_a_third_of_the_time_is_batch_limit
     gauge reads the cap with probability e^-0.38 = 0.68: a coin flip against the 7 samples of 10 a
     small batch must sit at its very maximum, and it read `fragmented`. On such a gauge the share
     at the cap is judged against e^-λ (less a margin of 2.5 sd of 21 samples) and the dips against
-    Poisson(λ)'s depth. Converse: the same counts where the gauge keeps the finished requests
-    (SGLang) are a reservation wandering a unit or two (rnd-232-045)."""
+    Poisson(λ)'s depth; SGLang's gauge reads the same way. Converse: the same counts where the
+    gauge is not read after finishes (trtllm-serve) are a reservation wandering a unit or two."""
     kv = [0.0065, 0.0062, 0.0059, 0.006, 0.0061, 0.006, 0.0062, 0.0072, 0.006, 0.0071, 0.0053, 0.006, 0.0082,
         0.0059, 0.0058, 0.009, 0.0066, 0.007, 0.0074, 0.006, 0.0054, 0.007, 0.0056, 0.0055, 0.0065, 0.0067,
         0.0081, 0.0076, 0.006, 0.0075, 0.0077, 0.007, 0.0055, 0.0142, 0.0073, 0.0062, 0.0079, 0.0072, 0.0058,
@@ -3699,7 +3713,7 @@ def test_a_small_vllm_cap_read_after_a_finish_a_third_of_the_time_is_batch_limit
     tokens = [930, 932, 928, 922, 923, 919, 929, 922, 926, 935, 926, 927, 928, 940, 944, 949, 945, 928, 929, 931,
         923, 923, 921, 916, 926, 931, 932, 931, 940, 939, 933, 943, 940, 930, 941, 932, 927, 935, 935, 944, 935,
         935, 924, 926, 942, 929, 928, 918, 912, 927, 938, 938, 937, 937, 940, 936, 940, 932, 934, 939, 932]
-    _cap_on_vllm_wander_on_sglang(recorded(kv, waiting, running, request_rate=np.array(done),
+    _cap_on_vllm_wander_elsewhere(recorded(kv, waiting, running, request_rate=np.array(done),
                                            gen_tps=np.array(tokens, dtype=float)))
 
 

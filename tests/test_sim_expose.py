@@ -183,12 +183,16 @@ def test_vllm_labels_engine_and_cache_config() -> None:
     (Dialect.VLLM_0_10, "vllm:num_requests_running", "running_shown"),
     (Dialect.VLLM_V0_0_6, "vllm:num_requests_running", "running_shown"),
     (Dialect.VLLM_RAY, "ray_vllm_num_requests_running", "running_shown"),
-    (Dialect.SGLANG_0_5, "sglang:num_running_reqs", "running"),
+    (Dialect.SGLANG_0_5, "sglang:num_running_reqs", "running_shown"),
+    (Dialect.SGLANG_0_4_0, "sglang:num_running_reqs", "running_shown"),
+    (Dialect.SGLANG_RAY, "ray_sglang_num_running_reqs", "running_shown"),
 ], ids=str)
 def test_vllm_shows_running_after_the_step_finished_requests_left(dialect: Dialect, name: str, expect: str) -> None:
     """vLLM's running gauge is read after the step's finished requests left the batch (V1
-    ``update_from_output`` then ``make_stats``; V0 frees them before logging); SGLang logs the
-    batch with them still in it. Here a view whose gauge would differ by 7."""
+    ``update_from_output`` then ``make_stats``; V0 frees them before logging); so is SGLang's
+    (the scheduler logs the decode batch that ran, filtered of the previous step's finished
+    requests, and at a prefill the running batch before the refill). Here a view whose gauge
+    would differ by 7."""
     from dataclasses import replace
 
     _, engines = scrape(Dialect.VLLM_0_10)

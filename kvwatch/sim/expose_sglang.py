@@ -53,7 +53,10 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
         f.histogram(f"{p}time_per_output_token_seconds",
                     "Histogram of time per output token in seconds.", tok, view, "itl",
                     B.SGLANG_TPOT_OLD)
-    f.gauge(f"{p}num_running_reqs", "The number of running requests.", sched, g["running"])
+    # logged after finishes, as vLLM's: the decode batch that ran (filtered of the previous step's
+    # finished requests) or, at a prefill, the running batch before the refill (scheduler
+    # log_decode_stats / log_prefill_stats), so a batch at its cap shows the cap less the refill
+    f.gauge(f"{p}num_running_reqs", "The number of running requests.", sched, g["running_shown"])
     f.gauge(f"{p}num_used_tokens", "The number of used tokens.", sched, used_tokens)
     f.gauge(f"{p}gen_throughput", "The generation throughput (token/s).", sched, g["gen_tps"])
     f.gauge(f"{p}num_queue_reqs", "The number of requests in the waiting queue.", sched,

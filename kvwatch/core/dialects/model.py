@@ -155,8 +155,10 @@ class Source:
     counted_at_finish: bool = False
     #: for a running gauge: the engine reads it after the step's finished requests left the
     #: batch (vLLM: V1 ``update_from_output`` removes them, then ``make_stats``; V0 frees finished
-    #: groups before logging), so a batch held at its cap reads the cap less the requests that
-    #: finished in that step (exactly the cap with probability e^-λ, λ completions per step)
+    #: groups before logging; SGLang logs the decode batch filtered of the previous step's finished
+    #: requests, or the running batch before a prefill refills it), so a batch held at its cap
+    #: reads the cap less the requests that finished in a step (exactly the cap with probability
+    #: e^-λ, λ completions per step)
     after_finishes: bool = False
 
     @property

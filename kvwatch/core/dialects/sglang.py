@@ -45,7 +45,10 @@ def sglang_sources(p: str) -> dict[Signal, tuple[Source, ...]]:
         {
             Signal.KV_USAGE: Source(G, f"{p}token_usage", pr,
                                     note="max over full/SWA/Mamba pools, rounded to 0.01; radix-cached tokens count as free"),
-            Signal.RUNNING: Source(G, f"{p}num_running_reqs", pr, agg="sum", dedup_by=dp),
+            # logged after finishes: log_decode_stats counts the decode batch that ran (filtered of
+            # the previous step's finished requests), log_prefill_stats the running batch before
+            # the prefill that refills it
+            Signal.RUNNING: Source(G, f"{p}num_running_reqs", pr, agg="sum", dedup_by=dp, after_finishes=True),
             Signal.WAITING: (
                 Source(G, f"{p}num_queue_reqs", pr, agg="sum", dedup_by=dp),
                 # scheduler ranks of one replica observe the same requests: once per dp_rank

@@ -217,7 +217,7 @@ def tokens_counted_at_finish(target: Target) -> bool:
 
 def running_after_finishes(target: Target) -> bool:
     """Whether a target's running gauge is read after each step's finished requests left the
-    batch (vLLM), so a batch at its cap dips below it by the step's completions."""
+    batch (vLLM, SGLang), so a batch at its cap dips below it by the step's completions."""
     src = resolve(target).get(Signal.RUNNING)
     return src is not None and src.after_finishes
 
