@@ -3584,7 +3584,7 @@ def _cap_dipped_by_finishes(cap: float, per_step: float, seed: int) -> dict[Sign
 @pytest.mark.parametrize("cap,per_step", [(1024, 3.0), (1024, 10.0), (512, 5.0)])
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("target", [_VLLM_V1, _SGLANG], ids=["vllm", "sglang"])
-def test_a_vllm_batch_at_its_cap_reads_below_it_by_the_requests_each_step_finished(
+def test_a_batch_at_its_cap_read_after_finishes_reads_below_it_by_the_requests_each_step_finished(
     cap: float, per_step: float, seed: int, target: Target,
 ) -> None:
     """vLLM counts running after a step's finished requests left (V1 scheduler.update_from_output:

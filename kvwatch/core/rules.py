@@ -103,7 +103,7 @@ FACTS: dict[str, str] = {
     "kv_usage_vs_group": "this replica's mean KV usage minus the others' median",
     "ttft_slo": "configured TTFT SLO in seconds",
     "finishes_per_step": "requests finishing in one engine step where the running gauge is read after they left "
-                         "(vLLM): running x finished/s / tokens/s over 10 minutes; a batch at its cap reads the cap "
+                         "(vLLM, SGLang): running x finished/s / tokens/s over 10 minutes; a batch at its cap reads the cap "
                          "with probability e^-finishes_per_step. 0 where the gauge counts them (the cap itself is "
                          "read); none without request or token counters",
     "finish_dip": "how far under its cap (requests) such a gauge's 10th percentile may sit from those finishes "
