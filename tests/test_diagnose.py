@@ -3746,3 +3746,30 @@ def test_an_idle_engine_without_ttft_whose_every_token_takes_a_second_is_compute
     assert "0.5" not in r.primary.summary and "1.10" in r.primary.summary, r.primary.summary
     r = _idle_tgi(0.06)
     assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
+
+
+def test_a_sub_cause_whose_sibling_rule_is_undecidable_names_the_signals_that_left_it_open() -> None:
+    """Held-out rnd-326-024 (Triton at its default metrics config, engine 12x slow, few arrivals:
+    compute-bound by mechanism) read `idle (low_demand)`: Triton exports no TTFT histogram unless
+    `histogram_latencies=true`, so idle-compute-bound was undecidable, and `explain` listed the TTFT
+    signals under "harmless blind spots (needed by no undecided rule)" while that undecided rule
+    needed them. A sub-cause chosen over an earlier one that could not be decided is not
+    established: the signals that left it open blocked a decision (text and JSON say so) and the
+    summary says which sub-cause was not ruled out. Where TTFT says the requests are fast, low
+    demand stands alone and nothing is blocking."""
+    fast = base(kv_usage=const(0.05), running=const(2), gen_tps=const(100), request_rate=const(0.5),
+                ttft_p50=const(0.3), ttft_p99=const(0.6), ttft_mean=const(0.35))
+    r = diagnose_one(fast)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
+    assert r.blocking == () and "not ruled out" not in r.primary.summary, (r.blocking, r.primary.summary)
+    blind = {s: v for s, v in fast.items() if s not in (Signal.TTFT_P50, Signal.TTFT_P99, Signal.TTFT_MEAN)}
+    r = diagnose_one(blind)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
+    und = [c for c in r.checks if c.cause == "compute_bound" and c.verdict is Verdict.UNDECIDABLE]
+    assert und, [(c.rule_id, c.verdict) for c in r.checks]
+    needed = {s for c in und for s in c.unknown}
+    assert needed and needed <= set(r.blocking), (needed, r.blocking)
+    assert not needed & {m.split(" ")[0] for m in r.harmless}, r.harmless
+    assert "compute_bound not ruled out" in r.primary.summary and "ttft_p50" in r.primary.summary, r.primary.summary
+    doc = r.to_json()
+    assert set(doc["blind_spots"]["blocking"]) >= needed, doc["blind_spots"]

@@ -126,7 +126,7 @@ def explain_text(r: TargetResult, ev: Evaluation) -> str:
     if r.blocking:
         lines.append(f"blind spots that blocked a decision: {', '.join(r.blocking)}")
     if r.harmless:
-        lines.append(f"harmless blind spots (needed by no undecided rule): {', '.join(r.harmless)}")
+        lines.append(f"harmless blind spots (blocked no decision): {', '.join(r.harmless)}")
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -95,7 +95,7 @@ def to_text(ev: Evaluation, *, color: bool = False, verbose: bool = True) -> str
             also = "; ".join(f"{x.mode.value} ({x.rule_id})" for x in others)
             lines.append("    also:  " + safe_label(also, LINE_WIDTH))
         # only the blind spots that blocked a decision; harmless ones (a signal this engine
-        # version does not export, needed by no undecided rule) are in the JSON
+        # version does not export, that left no decision open) are in the JSON
         if r.blocking and verbose:
             lines.append(f"    blind: {safe_label(', '.join(r.blocking), LINE_WIDTH)} (blocked a decision)")
         lines.append("")
