@@ -3773,3 +3773,43 @@ def test_a_sub_cause_whose_sibling_rule_is_undecidable_names_the_signals_that_le
     assert "compute_bound not ruled out" in r.primary.summary and "ttft_p50" in r.primary.summary, r.primary.summary
     doc = r.to_json()
     assert set(doc["blind_spots"]["blocking"]) >= needed, doc["blind_spots"]
+
+
+def _cycle_whose_gauge_missed_its_queues(queue_p99: np.ndarray | None = None, periodic: bool = True) -> object:
+    """Held-out rnd-237-032 (vLLM 0.33, a 198 s cycle peaking at 0.98x capacity; oscillating by
+    mechanism) as scraped: KV 0.01-0.99 every ~200 s, the queue gauge caught 4 and 36 waiting 22
+    minutes ago and nothing since, the queue-time p99 1.7-4.5 s throughout."""
+    kv = [0.0709, 0.168, 0.8006, 0.985, 0.3111, 0.0962, 0.0127, 0.1661, 0.3665, 0.8545, 0.6194, 0.1666, 0.0127,
+          0.0183, 0.2238, 0.679, 0.9897, 0.801, 0.1516, 0.0197, 0.1117, 0.3693, 0.5664, 0.9887, 0.1793, 0.0474,
+          0.0103, 0.1253, 0.5298, 0.6283, 0.6537, 0.1187, 0.0526, 0.0662, 0.3571, 0.7996, 0.9207, 0.305, 0.0296,
+          0.0244, 0.1056, 0.4571, 0.9822, 0.848, 0.2454, 0.0145, 0.0239, 0.1605, 0.5439, 0.8771, 0.3843, 0.1023,
+          0.0, 0.1455, 0.3313, 0.8738, 0.939, 0.2008, 0.0432, 0.0849, 0.2107]
+    running = [6, 11, 60, 76, 22, 5, 1, 12, 27, 61, 45, 13, 1, 2, 16, 53, 73, 58, 11, 2, 7, 26, 46, 72, 13, 3, 1, 9,
+               38, 49, 48, 9, 3, 6, 28, 57, 72, 22, 2, 2, 8, 34, 74, 66, 18, 1, 2, 12, 40, 67, 29, 7, 0, 10, 25, 66,
+               73, 15, 3, 7, 13]
+    waiting = np.zeros(N)
+    waiting[3], waiting[16] = 4.0, 36.0
+    if queue_p99 is None:
+        queue_p99 = np.repeat([0.63, 1.75, 1.75, 1.75, 1.86, 4.53, 4.54, 4.54, 4.54, 4.54, 1.81, 2.23, 2.23, 2.23,
+                               2.0], 4)[:N]
+        queue_p99 = np.concatenate([queue_p99, np.full(N - len(queue_p99), 2.0)])
+    kv_a, run_a = np.array(kv), np.array(running, dtype=float)
+    if not periodic:  # the same samples in a random order: as full at as many peaks, no cycle
+        order = np.random.default_rng(3).permutation(N)
+        kv_a, run_a = kv_a[order], run_a[order]
+    return diagnose_one(base(kv_usage=kv_a, running=run_a, waiting=waiting, queue_p99=queue_p99,
+                             ttft_p50=const(0.08), ttft_p99=queue_p99 + 0.3, ttft_mean=const(0.3)))
+
+
+def test_a_cycle_full_at_every_peak_whose_requests_wait_seconds_is_oscillating_though_the_gauge_missed_the_queues() -> None:
+    """rnd-237-032 read healthy in four variants: every pressure alternative of oscillating-kv-swings
+    wanted the queue gauge (or preemptions) at the peaks, and each peak's queue passed between two
+    scrapes. The pool full (KV >= 0.9) at three peaks or more of a clear cycle while requests waited a
+    second or more at p99 is the oscillation. Converses: the same pool whose requests never waited
+    (queue-time p99 0.1 s) is a busy cycle, healthy; the same samples without the cycle (shuffled)
+    are no oscillation."""
+    r = _cycle_whose_gauge_missed_its_queues()
+    assert r.state is FailureMode.OSCILLATING, (r.state, r.primary)
+    assert "queue-time p99 up to 4.5s" in r.primary.summary, r.primary.summary
+    assert _cycle_whose_gauge_missed_its_queues(const(0.1)).state is FailureMode.HEALTHY
+    assert _cycle_whose_gauge_missed_its_queues(periodic=False).state is not FailureMode.OSCILLATING
