@@ -208,28 +208,30 @@ def _undecided(view: TargetView, decision: StateDecision, structural: bool) -> D
 
 
 def _open_sub_causes(
-    found: list[Diagnosis], checks: Sequence[RuleCheck], rules: RuleSet, state: FailureMode,
-    blocking: tuple[str, ...], draft: bool,
+    found: list[Diagnosis], checks: Sequence[RuleCheck], state: FailureMode, blocking: tuple[str, ...],
 ) -> tuple[list[Diagnosis], tuple[str, ...]]:
     """The state's sub-cause is not established where a rule of the same mode and another cause
-    that comes before the matched one (rule order is the sub-causes' precedence) could not be
-    decided: low demand on an engine without TTFT has not ruled out compute-bound, whose remedy
-    is the opposite. The primary diagnosis says so and the signals that left it open are
-    blocking (not harmless blind spots); the state and the sub-cause stay as matched."""
+    that comes before the matched one could not be decided (``checks`` are in rule order, the
+    sub-causes' precedence: the primary is the first matched): low demand on an engine without
+    TTFT has not ruled out compute-bound, whose remedy is the opposite. The primary diagnosis says
+    so and the signals that left it open are blocking (not harmless blind spots); the state and
+    the sub-cause stay as matched. A draft (no summary yet) only gets the blocking signals."""
     primary = next((d for d in found if d.mode is state and d.cause), None)
     if primary is None:
         return found, blocking
-    order = {r.id: i for i, r in enumerate(rules.rules)}
-    before = order.get(primary.rule_id, 0)
-    open_ = [c for c in checks if c.mode is state and c.cause and c.cause != primary.cause
-             and c.verdict is Verdict.UNDECIDABLE and order.get(c.rule_id, before) < before]
+    open_: list[RuleCheck] = []
+    for c in checks:
+        if c.rule_id == primary.rule_id:
+            break
+        if c.mode is state and c.cause and c.cause != primary.cause and c.verdict is Verdict.UNDECIDABLE:
+            open_.append(c)
     if not open_:
         return found, blocking
     sigs = sorted({s for c in open_ for s in c.unknown})
-    causes = ", ".join(dict.fromkeys(c.cause for c in open_))
     blocking = tuple(sorted({*blocking, *sigs}))
-    if draft or not primary.summary:
+    if not primary.summary:
         return found, blocking
+    causes = ", ".join(dict.fromkeys(c.cause for c in open_))
     note = f" ({causes} not ruled out: undecidable without {', '.join(sigs) or 'data'})"
     return [dataclasses.replace(d, summary=d.summary + note) if d is primary else d for d in found], blocking
 
@@ -418,7 +420,7 @@ def diagnose_target(
         return blind((dialect.blind_reason if dialect else "") or f"{not_exported.value} is not exported",
                      (not_exported.value,))
     blocking = decision.blocking
-    found, blocking = _open_sub_causes(found, checks, rules, decision.state, blocking, draft)
+    found, blocking = _open_sub_causes(found, checks, decision.state, blocking)
     if decision.state is FailureMode.UNKNOWN:
         structural = all(s not in sourced for s in blocking if s in Signal._value2member_map_)
         found.insert(0, _undecided(view, decision, structural))
