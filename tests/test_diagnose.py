@@ -3813,3 +3813,47 @@ def test_a_cycle_full_at_every_peak_whose_requests_wait_seconds_is_oscillating_t
     assert "queue-time p99 up to 4.5s" in r.primary.summary, r.primary.summary
     assert _cycle_whose_gauge_missed_its_queues(const(0.1)).state is FailureMode.HEALTHY
     assert _cycle_whose_gauge_missed_its_queues(periodic=False).state is not FailureMode.OSCILLATING
+
+
+def _cycle_timed_by_its_mean_queue_time(queue_mean: np.ndarray | None = None, periodic: bool = True) -> object:
+    """Held-out rnd-275-078 (Triton, a 479 s cycle peaking at 0.88x capacity; oscillating by
+    mechanism) as scraped: KV 0-0.97 every ~8 minutes, the queue gauge caught 8, 27 and 24 waiting in
+    one scrape at each of three peaks, the queue-time mean (Triton's counters: no histogram, no TTFT)
+    1.2, 3.4 and 1.5 s at those peaks and 0 in between."""
+    kv = [0.0995, 0.7706, 0.8866, 0.2024, 0.4244, 0.1592, 0.1901, 0.0114, 0.0123, 0.0084, 0.0068, 0.1642, 0.1826,
+          0.2283, 0.4934, 0.5877, 0.4621, 0.4775, 0.1954, 0.7924, 0.0323, 0.3885, 0.2217, 0.0311, 0.1263, 0.0107,
+          0.0045, 0.0148, 0.162, 0.3442, 0.3837, 0.0863, 0.6879, 0.8471, 0.9723, 0.9684, 0.5984, 0.6681, 0.0302,
+          0.0123, 0.1372, 0.0, 0.01, 0.0134, 0.0134, 0.4343, 0.7549, 0.3903, 0.4914, 0.8323, 0.8673, 0.8696, 0.1243,
+          0.4062, 0.0168, 0.157, 0.01, 0.0034, 0.0018, 0.2149, 0.0368]
+    running = [28, 54, 36, 25, 26, 7, 16, 5, 3, 2, 2, 5, 12, 25, 29, 41, 41, 44, 31, 45, 13, 29, 15, 10, 4, 2, 2, 4, 12,
+               26, 23, 24, 51, 49, 80, 81, 30, 26, 12, 6, 4, 0, 4, 5, 4, 23, 31, 41, 50, 69, 51, 48, 32, 26, 6, 9, 2, 1,
+               1, 9, 13]
+    waiting = np.zeros(N)
+    waiting[2], waiting[33], waiting[50] = 8.0, 27.0, 24.0
+    if queue_mean is None:
+        queue_mean = np.zeros(N)
+        queue_mean[3:8] = [0.804, 0.9904, 0.9561, 1.2065, 0.2292]
+        queue_mean[33:41] = [0.4407, 1.4003, 3.4132, 3.3524, 3.3315, 2.7546, 0.8219, 0.2847]
+        queue_mean[49:57] = [0.0051, 0.2163, 1.03, 1.3689, 1.5166, 1.5199, 0.6397, 0.0384]
+    kv_a, run_a = np.array(kv), np.array(running, dtype=float)
+    if not periodic:  # the same samples in a random order: as many queues caught, no cycle
+        order = np.random.default_rng(3).permutation(N)
+        kv_a, run_a = kv_a[order], run_a[order]
+    sigs = base(kv_usage=kv_a, running=run_a, waiting=waiting, queue_mean=queue_mean)
+    for s in (Signal.TTFT_P50, Signal.TTFT_P99, Signal.TTFT_MEAN):  # Triton without histogram_latencies
+        del sigs[s]
+    return diagnose_one(sigs)
+
+
+def test_a_queue_caught_at_three_peaks_of_a_cycle_whose_mean_queue_time_rose_at_each_is_oscillating() -> None:
+    """rnd-275-078 read unknown in six variants: the alternative for a queue caught at one scrape at
+    three peaks wanted requests to wait seconds by the queue-time p99, which an engine exporting
+    queue time as counters only (Triton) has not; its mean queue time rose over a second at each of
+    the three peaks and fell to 0 between them, the same evidence. Converses: the same cycle whose
+    requests waited a tenth of a second on average is no held queue (not oscillating); the same
+    samples without the cycle (shuffled) are no oscillation."""
+    r = _cycle_timed_by_its_mean_queue_time()
+    assert r.state is FailureMode.OSCILLATING, (r.state, r.primary)
+    assert "3 queue build-ups" in r.primary.summary, r.primary.summary
+    assert _cycle_timed_by_its_mean_queue_time(const(0.1)).state is not FailureMode.OSCILLATING
+    assert _cycle_timed_by_its_mean_queue_time(periodic=False).state is not FailureMode.OSCILLATING

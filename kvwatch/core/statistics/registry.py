@@ -196,8 +196,9 @@ _TABLE: tuple[Statistic, ...] = (
     # episodes: like the above, plus the excursion under way at the end of the span (a refill
     # that has not drained yet), so "fill, drain, fill again" counts 2 during the second peak
     Statistic("sustained_episodes", False, None, _cycles(2, open_end=True)),
-    # every excursion to >= arg (one sample suffices) and back to <= arg/2, the one under way too
-    Statistic("episodes", True, None, _cycles(1, open_end=True)),
+    # every excursion to >= arg (one sample suffices) and back to <= arg/2, the one under way too;
+    # without arg (summaries) 0.85 and 0.4: on a count, one or more and back to none
+    Statistic("episodes", False, None, _cycles(1, open_end=True)),
     Statistic("swing_episodes", False, None, _swings(1, open_end=True)),
     Statistic(
         "fill_drain_episodes", False, None,
