@@ -3857,3 +3857,43 @@ def test_a_queue_caught_at_three_peaks_of_a_cycle_whose_mean_queue_time_rose_at_
     assert "3 queue build-ups" in r.primary.summary, r.primary.summary
     assert _cycle_timed_by_its_mean_queue_time(const(0.1)).state is not FailureMode.OSCILLATING
     assert _cycle_timed_by_its_mean_queue_time(periodic=False).state is not FailureMode.OSCILLATING
+
+
+def _cycle_that_began_late_in_the_window(queue_p99: np.ndarray | None = None, regular: bool = True) -> object:
+    """Held-out rnd-340-044 (vLLM 0.8.2, an oscillating episode of 180 s periods that ended 392 s
+    before the instant; oscillating by mechanism, max_num_seqs binding at the peaks) as scraped:
+    18 quiet minutes, then three peaks 3 minutes apart with running at its cap of 512 and 61, 79
+    and 58 caught waiting in one scrape each, the last 6.5 minutes ago; the queue-time p99 0.3 s
+    before the cycle, 9.8-14.4 s since."""
+    running = [26, 21, 19, 12, 11, 21, 22, 15, 12, 12, 18, 18, 19, 21, 16, 18, 13, 17, 11, 14, 15, 17, 15, 23, 16, 23,
+               18, 15, 20, 13, 14, 14, 16, 218, 455, 511, 68, 8, 1, 221, 503, 511, 60, 3, 2, 211, 449, 510, 120, 36,
+               13, 17, 18, 17, 15, 23, 13, 17, 23, 24, 13]
+    kv = np.array([0.0202, 0.0187, 0.0225, 0.0095, 0.0157, 0.0177, 0.0215, 0.015, 0.0114, 0.0076, 0.0166, 0.0214,
+                   0.0309, 0.0224, 0.0147, 0.021, 0.0114, 0.0151, 0.0155, 0.0126, 0.0113, 0.0135, 0.0111, 0.0194,
+                   0.0135, 0.0173, 0.0126, 0.0147, 0.0145, 0.0088, 0.0144, 0.0149, 0.0154, 0.1855, 0.3737, 0.4598,
+                   0.0969, 0.0229, 0.0004, 0.185, 0.4145, 0.4491, 0.0823, 0.0039, 0.0019, 0.1523, 0.3532, 0.4628,
+                   0.1429, 0.0332, 0.0144, 0.0146, 0.0179, 0.0162, 0.0124, 0.0177, 0.0102, 0.0122, 0.0388, 0.0332,
+                   0.0143])
+    waiting = np.zeros(N)
+    waiting[35], waiting[41 if regular else 38], waiting[47] = 61.0, 79.0, 58.0
+    if queue_p99 is None:
+        queue_p99 = np.concatenate([np.full(36, 0.297), np.full(6, 9.84), np.full(N - 42, 14.3)])
+    done = np.full(N, 1.95)  # completions per second: 1.7-2.1 before the cycle, 2.6-9.5 in it
+    done[34:53] = [2.95, 4.8667, 8.6, 8.675, 7.2583, 5.2917, 2.5583, 4.125, 8.4583, 8.6583, 7.2083, 5.475, 2.6583,
+                   4.2667, 8.525, 9.475, 8.4167, 6.7, 2.775]
+    return diagnose_one(base(kv_usage=kv, running=np.array(running, dtype=float), waiting=waiting, request_rate=done,
+                             queue_p99=queue_p99, ttft_p50=const(0.05), ttft_p99=queue_p99 + 0.3))
+
+
+def test_a_regular_cycle_that_began_late_in_the_window_is_judged_by_its_newest_queue_times() -> None:
+    """rnd-340-044 read healthy in five variants: the alternative for queue rises at a regular
+    spacing wanted requests to wait seconds by the window's median queue-time p99, which the 18
+    quiet minutes before the cycle held at 0.3 s. The newest queue-time p99 (its 10-minute window
+    covers the rises, the last of them within 10 minutes) says requests waited 14 s at those peaks.
+    Converses: the same cycle whose requests waited 0.3 s is no held pressure; the middle rise moved
+    to a trough (1.5 and 4.5 minutes between the rises: spacing CV 0.5) is no period."""
+    r = _cycle_that_began_late_in_the_window()
+    assert r.state is FailureMode.OSCILLATING, (r.state, r.primary)
+    assert "queue-time p99 up to 14.3s" in r.primary.summary, r.primary.summary
+    assert _cycle_that_began_late_in_the_window(const(0.297)).state is not FailureMode.OSCILLATING
+    assert _cycle_that_began_late_in_the_window(regular=False).state is not FailureMode.OSCILLATING
