@@ -3938,3 +3938,39 @@ def test_one_eviction_after_bursts_that_evicted_is_no_recent_pressure() -> None:
     in its cycle."""
     assert _bursts_evicting_behind_an_estimated_queue().state is FailureMode.HEALTHY
     assert _bursts_evicting_behind_an_estimated_queue(0.02).state is FailureMode.OSCILLATING
+
+
+def _capped_batch_in_a_trough(trough: bool = True) -> object:
+    """Held-out rnd-354-049 (Triton exporting its cap of 8, periodic arrivals peaking at 1.6x; the cap
+    binds while KV is free: batch-limited by mechanism) as scraped: 8 running whenever requests wait
+    (2-41 waiting, KV 2-7 %), then a trough at the last two samples: the queue empty, running 2 and 0
+    (``trough=False``: the cycle's next peak instead, 8 running with a queue)."""
+    kv = [0.0255, 0.042, 0.0429, 0.0429, 0.041, 0.0599, 0.0533, 0.0712, 0.0391, 0.0453, 0.0462, 0.0528, 0.0636, 0.0655,
+          0.0438, 0.0316, 0.0269, 0.033, 0.0391, 0.0684, 0.0377, 0.0288, 0.0335, 0.0523, 0.0335, 0.0415, 0.0457, 0.0575,
+          0.0537, 0.0443, 0.0424, 0.0292, 0.0387, 0.0632, 0.042, 0.0259, 0.0283, 0.0283, 0.0405, 0.0504, 0.0519,
+          0.0236, 0.0358, 0.0528, 0.0429, 0.0283, 0.0405, 0.049, 0.0471, 0.0585, 0.0736, 0.0377, 0.0302, 0.0391,
+          0.0368, 0.0278, 0.033, 0.0599, 0.0509, 0.0066, 0.0]
+    running = np.full(N, 8.0)
+    running[50] = 7.0
+    waiting = np.array([2, 6, 20, 25, 20, 12, 7, 0, 0, 6, 13, 15, 21, 27, 24, 17, 10, 0, 1, 5, 6, 10, 17, 32, 33, 32, 25,
+                        13, 5, 2, 1, 7, 23, 29, 33, 28, 26, 16, 10, 9, 8, 11, 14, 25, 37, 41, 31, 24, 11, 4, 0, 5, 5, 15,
+                        25, 32, 27, 15, 3, 0, 0], dtype=float)
+    if trough:
+        running[-2:] = [2.0, 0.0]
+    else:
+        kv[-2:], waiting[-2:] = [0.05, 0.05], [6.0, 12.0]
+    return diagnose_one(base(kv_usage=np.array(kv), running=running, waiting=waiting, max_running=const(8),
+                             gen_tps=const(140), request_rate=const(0.4), queue_mean=const(30.0)))
+
+
+def test_a_batch_at_its_exported_cap_whenever_requests_wait_is_batch_limited_in_a_trough_too() -> None:
+    """rnd-354-049 read fragmented in five variants: fragmented defers to batch-limited where the
+    batch sits at the exported cap, which it read as running / cap at every sample of the 10 minutes
+    (min >= 0.95), so the trough's last two samples (nobody waiting, 2 and 0 running) made the cap
+    look unbound. A cap binds where requests wait: read at those samples (as batch-limited itself
+    reads it), the batch was at 8 of 8 at every one. Converse: the cycle's next peak instead of the
+    trough reads batch-limited before and after."""
+    r = _capped_batch_in_a_trough()
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "batch_limited"), (r.state, r.primary)
+    r = _capped_batch_in_a_trough(trough=False)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "batch_limited"), (r.state, r.primary)
