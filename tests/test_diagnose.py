@@ -3775,6 +3775,16 @@ def test_a_sub_cause_whose_sibling_rule_is_undecidable_names_the_signals_that_le
     assert set(doc["blind_spots"]["blocking"]) >= needed, doc["blind_spots"]
 
 
+def _kv_and_running(kv: list[float], running: list[int], shuffled: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Recorded KV usage and running as arrays; ``shuffled``: both in one random order (the same
+    samples without their cycle)."""
+    kv_a, run_a = np.array(kv, dtype=float), np.array(running, dtype=float)
+    if shuffled:
+        order = np.random.default_rng(3).permutation(N)
+        kv_a, run_a = kv_a[order], run_a[order]
+    return kv_a, run_a
+
+
 def _cycle_whose_gauge_missed_its_queues(queue_p99: np.ndarray | None = None, periodic: bool = True) -> object:
     """Held-out rnd-237-032 (vLLM 0.33, a 198 s cycle peaking at 0.98x capacity; oscillating by
     mechanism) as scraped: KV 0.01-0.99 every ~200 s, the queue gauge caught 4 and 36 waiting 22
@@ -3793,10 +3803,8 @@ def _cycle_whose_gauge_missed_its_queues(queue_p99: np.ndarray | None = None, pe
         queue_p99 = np.repeat([0.63, 1.75, 1.75, 1.75, 1.86, 4.53, 4.54, 4.54, 4.54, 4.54, 1.81, 2.23, 2.23, 2.23,
                                2.0], 4)[:N]
         queue_p99 = np.concatenate([queue_p99, np.full(N - len(queue_p99), 2.0)])
-    kv_a, run_a = np.array(kv), np.array(running, dtype=float)
-    if not periodic:  # the same samples in a random order: as full at as many peaks, no cycle
-        order = np.random.default_rng(3).permutation(N)
-        kv_a, run_a = kv_a[order], run_a[order]
+    # not periodic: the same samples in a random order, as full at as many peaks, no cycle
+    kv_a, run_a = _kv_and_running(kv, running, shuffled=not periodic)
     return diagnose_one(base(kv_usage=kv_a, running=run_a, waiting=waiting, queue_p99=queue_p99,
                              ttft_p50=const(0.08), ttft_p99=queue_p99 + 0.3, ttft_mean=const(0.3)))
 
@@ -3835,10 +3843,8 @@ def _cycle_timed_by_its_mean_queue_time(queue_mean: np.ndarray | None = None, pe
         queue_mean[3:8] = [0.804, 0.9904, 0.9561, 1.2065, 0.2292]
         queue_mean[33:41] = [0.4407, 1.4003, 3.4132, 3.3524, 3.3315, 2.7546, 0.8219, 0.2847]
         queue_mean[49:57] = [0.0051, 0.2163, 1.03, 1.3689, 1.5166, 1.5199, 0.6397, 0.0384]
-    kv_a, run_a = np.array(kv), np.array(running, dtype=float)
-    if not periodic:  # the same samples in a random order: as many queues caught, no cycle
-        order = np.random.default_rng(3).permutation(N)
-        kv_a, run_a = kv_a[order], run_a[order]
+    # not periodic: the same samples in a random order, as many queues caught, no cycle
+    kv_a, run_a = _kv_and_running(kv, running, shuffled=not periodic)
     sigs = base(kv_usage=kv_a, running=run_a, waiting=waiting, queue_mean=queue_mean)
     for s in (Signal.TTFT_P50, Signal.TTFT_P99, Signal.TTFT_MEAN):  # Triton without histogram_latencies
         del sigs[s]
