@@ -2577,6 +2577,35 @@ def test_a_slow_slice_is_misread_though_the_pool_evicted_once(evictions: str) ->
         assert r.state is not FailureMode.MISREAD, r.primary
 
 
+#: rnd-359-027's TTFT p99 (s) a minute apart: over the 2 s SLO for 20 minutes, then dipping between
+#: the few slow requests of a sparse slice (0.65 requests/s, 2 % of them slow), over it again now
+RND_359_027_P99 = [5.57, 5.86, 6.16, 6.16, 5.92, 5.55, 4.98, 5.01, 5.07, 5.04, 5.01, 5.0, 4.42, 4.5, 4.45, 4.38,
+                   4.2, 5.19, 5.2, 5.18, 4.28, 2.7, 2.64, 0.53, 2.63, 5.01, 0.73, 0.48, 0.48, 0.5, 9.85]
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["slice-outside-the-queue", "tail-was-queue-time"])
+def test_a_sparse_slice_whose_p99_dips_between_its_slow_requests_is_misread(queued: bool) -> None:
+    """Held-out corpora 359 360 (rnd-359-027, vLLM 0.10) and 325 326 (rnd-326-058, SGLang behind
+    Ray): a slice of long prompts, 2 % of 0.65 requests/s, breaks the 2 s SLO while the median is
+    0.09 s, no queue, KV ~4 %: misread by mechanism, read low demand in 11 variants. A 10-minute p99
+    is over the SLO only while 4 slow requests sit in its window, so in the last 10 minutes it
+    dipped to 0.5 s between them and "over the SLO in 3/4 of the span" failed (p25 0.50 s). Over
+    it in most of the window and now, with a queue time that never made the tail, is the slice.
+    Converse: where the queue time made the tail earlier in the window (bursts that queued, the
+    newest p99 one more burst: rnd-237-062, labelled healthy), the window's median is no slice."""
+    p99 = _held(RND_359_027_P99)
+    queue_p99 = np.where(np.arange(N) < 40, 0.98 * p99, 0.3) if queued else const(0.3)
+    rng = np.random.default_rng(359)
+    sigs = base(kv_usage=np.clip(0.03 + 0.01 * rng.standard_normal(N), 0, None), running=rng.integers(0, 4, N) * 1.0,
+                ttft_p50=const(0.09), ttft_p99=p99, ttft_mean=np.where(np.arange(N) < N - 1, 0.2, 0.35),
+                queue_p99=queue_p99, gen_tps=const(108), request_rate=const(0.65))
+    r = _with_vllm_ttft_buckets(sigs)
+    if queued:
+        assert r.state is not FailureMode.MISREAD, r.primary
+    else:
+        assert r.state is FailureMode.MISREAD, r.primary
+
+
 @pytest.mark.parametrize("slice_", [True, False], ids=["slice-at-7x", "everyone-slowish-at-3x"])
 def test_a_slow_slice_several_times_the_median_is_misread(slice_: bool) -> None:
     """Held-out corpus 269 270 (rnd-269-009, vLLM behind Ray, 0.35 requests/s): TTFT p50 0.33-0.39 s,
