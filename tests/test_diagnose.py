@@ -2897,6 +2897,18 @@ def test_a_p99_of_a_dozen_requests_is_their_slowest_one_not_a_slice() -> None:
     assert r.state is FailureMode.MISREAD, r.primary
 
 
+def test_a_p99_of_two_dozen_requests_is_no_slice_either() -> None:
+    """Held-out corpus 375 376 (rnd-376-068, vLLM 0.10, traffic ramping down to 0.01 of capacity, low
+    demand by mechanism, none of its last 20 requests over the SLO) read misread in four variants: its
+    10-minute quantiles summarised 25 requests, and a p99 of 25 interpolates between the two slowest,
+    so one slow request made the "tail" (4.2 s). 30 requests at least; the slice at 0.07 requests/s (42
+    in the window) stays misread (above)."""
+    r = _with_vllm_ttft_buckets(_thin_tail(25 / 600))
+    assert r.state is not FailureMode.MISREAD, r.primary
+    r = _with_vllm_ttft_buckets(_thin_tail(32 / 600))
+    assert r.state is FailureMode.MISREAD, r.primary
+
+
 def test_a_reservation_stall_wandering_around_one_level_is_fragmented_not_unknown() -> None:
     """Held-out corpus 63 64 (rnd-64-041, LMDeploy, no cap exported): 17,000 requests wait while
     KV sits at 42 % and running wanders 28-31 around one level (the reservations of the requests
