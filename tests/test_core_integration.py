@@ -48,19 +48,19 @@ ALL_SIGNALS = {s.value for s in Signal}
 #: per exposition: canonical signals that must be collected (sourced and with samples)
 EXPECTED_PRESENT: dict[str, set[str]] = {
     # step_rate (forward passes counted as they run) is read only from TGI and Triton, whose
-    # tokens are counted at request finish
-    "vllm-0.33": ALL_SIGNALS - {"max_running", "tpot_p99", "step_rate"},
-    "vllm-0.10": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate"},
-    "vllm-0.8.2": ALL_SIGNALS - {"max_running", "waiting_capacity", "kv_capacity_tokens", "tpot_p99", "step_rate"},
-    "vllm-v0-0.6": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate"},
-    "sglang-0.5": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate"},
-    "sglang-ray": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate"},
+    # tokens are counted at request finish; request_time_per_token only from Triton (no TTFT there)
+    "vllm-0.33": ALL_SIGNALS - {"max_running", "tpot_p99", "step_rate", "request_time_per_token"},
+    "vllm-0.10": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate", "request_time_per_token"},
+    "vllm-0.8.2": ALL_SIGNALS - {"max_running", "waiting_capacity", "kv_capacity_tokens", "tpot_p99", "step_rate", "request_time_per_token"},
+    "vllm-v0-0.6": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate", "request_time_per_token"},
+    "sglang-0.5": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate", "request_time_per_token"},
+    "sglang-ray": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate", "request_time_per_token"},
     "trtllm-triton": {
         "kv_usage", "running", "waiting", "preemptions", "queue_mean", "gen_tps", "prompt_tps",
-        "request_rate", "abort_rate", "kv_capacity_tokens", "max_running", "step_rate",
+        "request_rate", "abort_rate", "kv_capacity_tokens", "max_running", "step_rate", "request_time_per_token",
     },
     # trtllm-serve's time_per_output_token is per-request TPOT, not inter-token latency
-    "trtllm-serve": ALL_SIGNALS - {"waiting_capacity", "itl_p99", "step_rate"},
+    "trtllm-serve": ALL_SIGNALS - {"waiting_capacity", "itl_p99", "step_rate", "request_time_per_token"},
     "trtllm-serve-genA": {"ttft_p50", "ttft_p99", "ttft_mean", "queue_p99", "queue_mean", "tpot_p99", "request_rate"},
 }
 #: per exposition: signals that must be reported missing (the dialect does not export them)

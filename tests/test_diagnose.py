@@ -3789,6 +3789,41 @@ def test_an_idle_engine_without_ttft_whose_every_token_takes_a_second_is_compute
     assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
 
 
+_TRITON_NAMES = frozenset({"nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_request_metrics",
+                           "nv_trt_llm_inflight_batcher_metrics", "nv_trt_llm_general_metrics",
+                           "nv_inference_pending_request_count", "nv_inference_queue_duration_us",
+                           "nv_inference_request_duration_us", "nv_inference_request_success",
+                           "nv_inference_request_failure", "nv_inference_count", "nv_llm_output_token_len_sum",
+                           "nv_llm_input_token_len_sum"})
+
+
+def _idle_triton(seconds_per_token: float) -> object:
+    """A Triton TensorRT-LLM pool (no TTFT or TPOT histogram) at a nearly empty batch, nobody
+    queued, whose requests take ``seconds_per_token`` end to end per output token."""
+    sigs = base(kv_usage=const(0.06), running=const(2), gen_tps=const(27), request_rate=const(0.1),
+                queue_mean=const(0.0), request_time_per_token=const(seconds_per_token))
+    for s_ in (Signal.TTFT_P50, Signal.TTFT_P99, Signal.TTFT_MEAN, Signal.QUEUE_P99):
+        sigs.pop(s_, None)
+    return _diagnose_as(Target(TargetKey("trtllm", "e"), "trtllm-triton", "trtllm", "m", names=_TRITON_NAMES),
+                        sigs, 120.0)
+
+
+def test_an_idle_triton_pool_whose_requests_take_seconds_per_output_token_is_compute_bound() -> None:
+    """Held-out rnd-374-067 (Triton, engine 9x slower, few arrivals; compute-bound by mechanism: the
+    typical request waits seconds for its first token) read `idle (low_demand)` in eight variants:
+    Triton exports neither TTFT nor TPOT by default, so compute-bound was undecidable, and low
+    demand's remedy (fewer replicas) is the wrong one. Triton's core counts each request's time and
+    the backend its output tokens: 0.87 s per output token, against 0.01-0.12 s on every healthy or
+    low-demand Triton pool of 40 corpora (0.33-1.07 s on the compute-bound ones). A quarter of a
+    second or more on an idle pool without a queue is compute-bound; the converse, 0.1 s, stays low
+    demand."""
+    r = _idle_triton(0.87)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "compute_bound"), [d.rule_id for d in r.diagnoses]
+    assert "0.87s per output token" in r.primary.summary, r.primary.summary
+    r = _idle_triton(0.1)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
+
+
 def test_a_sub_cause_whose_sibling_rule_is_undecidable_names_the_signals_that_left_it_open() -> None:
     """Held-out rnd-326-024 (Triton at its default metrics config, engine 12x slow, few arrivals:
     compute-bound by mechanism) read `idle (low_demand)`: Triton exports no TTFT histogram unless

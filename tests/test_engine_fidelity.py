@@ -102,13 +102,17 @@ def _triton(w: Writer, inst: str) -> None:
     w.gauge("nv_trt_llm_inflight_batcher_metrics", lambda t: 2.0, inflight_batcher_specific_metric="paused_requests",
             **llm)
     w.gauge("nv_trt_llm_general_metrics", lambda t: round(40.0 * (t + 600.0)), general_type="iteration_counter", **llm)
-    # per model: (successes/s, queue s per request, pending, first-response ms)
-    models = {"tensorrt_llm": (2.0, 0.5, 0.0, 3000.0), "ensemble": (2.0, 0.0, 7.0, 3050.0),
-              "preprocessing": (6.0, 0.001, 0.0, 20.0), "postprocessing": (2.0, 0.0, 0.0, 5.0)}
-    for model, (ok, queue_s, pending, first_ms) in models.items():
+    # the backend's per-request output lengths: 60 tokens per LLM request, 2 requests/s
+    w.hist("nv_llm_output_token_len", (16.0, 64.0, 256.0), 2.0, 60.0, response_metric_type="total_output_tokens",
+           **llm)
+    # per model: (successes/s, queue s per request, pending, first-response ms, request s)
+    models = {"tensorrt_llm": (2.0, 0.5, 0.0, 3000.0, 12.0), "ensemble": (2.0, 0.0, 7.0, 3050.0, 12.1),
+              "preprocessing": (6.0, 0.001, 0.0, 20.0, 0.01), "postprocessing": (2.0, 0.0, 0.0, 5.0, 0.005)}
+    for model, (ok, queue_s, pending, first_ms, request_s) in models.items():
         lb = {**own, "model": model, "version": "1"}
         w.raw_counter("nv_inference_request_success", ok, **lb)
         w.raw_counter("nv_inference_queue_duration_us", ok * queue_s * 1e6, **lb)
+        w.raw_counter("nv_inference_request_duration_us", ok * request_s * 1e6, **lb)
         for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
             w.raw_counter("nv_inference_request_failure", 0.25 if model == "preprocessing" else 0.0,
                           reason=reason, **lb)
@@ -227,6 +231,14 @@ def test_triton_core_metrics_read_the_llm_model_only(env: Env) -> None:
     assert _now(env, "triton", Signal.WAITING) == pytest.approx(6.0)
     # TTFT from the LLM model: all first responses at 3 s, none of preprocessing's 20 ms
     assert 2.0 < (_now(env, "triton", Signal.TTFT_P50) or 0) <= 5.0
+
+
+def test_triton_request_time_per_output_token_reads_the_llm_model_only(env: Env) -> None:
+    # the LLM model's 24 request-seconds/s over its 120 output tokens/s (not the ensemble's, nor the
+    # sum over every model of the pipeline, which counts each request's time once per model)
+    assert _now(env, "triton", Signal.REQUEST_TIME_PER_TOKEN) == pytest.approx(0.2, rel=1e-3)
+    assert _now(env, "triton", Signal.REQUEST_TIME_PER_TOKEN, triton_model="tensorrt_llm") == pytest.approx(
+        0.2, rel=1e-3)
 
 
 def test_triton_llm_model_is_configurable(env: Env) -> None:

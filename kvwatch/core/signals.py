@@ -32,6 +32,7 @@ class Signal(StrEnum):
     KV_CAPACITY_TOKENS = "kv_capacity_tokens"
     MAX_RUNNING = "max_running"
     STEP_RATE = "step_rate"
+    REQUEST_TIME_PER_TOKEN = "request_time_per_token"
 
     def __str__(self) -> str:
         return self.value
@@ -73,6 +74,10 @@ SIGNAL_INFO: dict[Signal, SignalInfo] = {
     Signal.STEP_RATE: SignalInfo(
         "1/s", "forward passes (scheduler iterations) per second, counted as they run; read where the "
                "tokens are counted only as requests finish (TGI, Triton), to tell a wedge from long requests",
+    ),
+    Signal.REQUEST_TIME_PER_TOKEN: SignalInfo(
+        "s", "end-to-end request time per output token, windowed: request seconds / output tokens (queue time "
+             "included); read where no TTFT is exported (Triton) to tell a slow engine from an idle one",
     ),
 }
 

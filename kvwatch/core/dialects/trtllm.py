@@ -53,6 +53,15 @@ def _triton_queue_mean(r: Render) -> str:
     return f"sum by ({BY}) ({num}) / sum by ({BY}) ({den}) / 1e6"
 
 
+def _triton_request_time_per_token(r: Render) -> str:
+    """Seconds of the LLM model's requests (Triton core, queue included) per output token it
+    generated (the backend's per-request histogram, counted at finish)."""
+    m = f'model=~"{r.triton_model}"' if r.triton_model else ""
+    num = r.llm(f"rate({r.sel('nv_inference_request_duration_us', m)}[{r.rw}])")
+    den = f"rate({r.sel('nv_llm_output_token_len_sum')}[{r.rw}])"
+    return f"sum by ({BY}) ({num}) / sum by ({BY}) ({den}) / 1e6"
+
+
 def _per_iteration(kind: str, estimate: str) -> Source:
     """Triton without the ``nv_llm_*`` token histograms: a per-iteration gauge of the in-flight
     batcher times iterations per second."""
@@ -114,6 +123,11 @@ TRITON_SOURCES = merge_sources(
         # the executor's iteration counter (rate as in _iterations_per_s); it stands still
         # while the executor runs no iteration
         Signal.STEP_RATE: Source(C, _GEN, _ITER, agg="sum", note="executor iterations per second"),
+        Signal.REQUEST_TIME_PER_TOKEN: Source(
+            X, "nv_inference_request_duration_us", expr=_triton_request_time_per_token,
+            extra_requires=("nv_llm_output_token_len_sum",),
+            note="Triton core request time of the LLM model / its output tokens (s per token, queue included)",
+        ),
     },
     ttft_sources("nv_inference_first_response_histogram_ms", scale=0.001, triton_core=True,
              bucket_range=(0.1, 5.0), note=_TRITON_TTFT_NOTE),

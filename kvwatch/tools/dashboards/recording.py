@@ -48,6 +48,7 @@ RECORDS: dict[Signal, str] = {
     Signal.KV_CAPACITY_TOKENS: "instance:kvwatch_kv_capacity_tokens:max",
     Signal.MAX_RUNNING: "instance:kvwatch_max_running_requests:max",
     Signal.STEP_RATE: f"instance:kvwatch_forward_steps:{_W}",
+    Signal.REQUEST_TIME_PER_TOKEN: f"instance:kvwatch_request_seconds_per_output_token:{_W}",
 }
 #: Value-1 series per target with ``job, instance, namespace, model, engine``: drives the
 #: dashboards' template variables and joins ``model`` onto per-target series.
