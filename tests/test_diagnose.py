@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kvwatch.core.diagnose import Params, diagnose
+from kvwatch.core.dialects.table import DIALECT_BY_ID
 from kvwatch.core.frame import FleetData
 from kvwatch.core.models import FailureMode, Severity, Target, TargetKey, Verdict
 from kvwatch.core.rules import load_ruleset
@@ -3789,12 +3790,8 @@ def test_an_idle_engine_without_ttft_whose_every_token_takes_a_second_is_compute
     assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
 
 
-_TRITON_NAMES = frozenset({"nv_trt_llm_kv_cache_block_metrics", "nv_trt_llm_request_metrics",
-                           "nv_trt_llm_inflight_batcher_metrics", "nv_trt_llm_general_metrics",
-                           "nv_inference_pending_request_count", "nv_inference_queue_duration_us",
-                           "nv_inference_request_duration_us", "nv_inference_request_success",
-                           "nv_inference_request_failure", "nv_inference_count", "nv_llm_output_token_len_sum",
-                           "nv_llm_input_token_len_sum"})
+#: what Triton exports at its default metrics config: the dialect's names without the TTFT histogram
+_TRITON_NAMES = frozenset(n for n in DIALECT_BY_ID["trtllm-triton"].names() if "first_response" not in n)
 
 
 def _idle_triton(seconds_per_token: float) -> object:

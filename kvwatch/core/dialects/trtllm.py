@@ -46,18 +46,21 @@ def _triton_preemptions(r: Render) -> str:
             f"* ignoring ({_IGNORE}) {_iterations_per_s(r)})")
 
 
-def _triton_queue_mean(r: Render) -> str:
+def _llm_core_rate(r: Render, metric: str) -> str:
+    """The per-second rate of a Triton core counter (one series per model) of the LLM model only."""
     m = f'model=~"{r.triton_model}"' if r.triton_model else ""
-    num = r.llm(f"rate({r.sel('nv_inference_queue_duration_us', m)}[{r.rw}])")
-    den = r.llm(f"rate({r.sel('nv_inference_request_success', m)}[{r.rw}])")
+    return r.llm(f"rate({r.sel(metric, m)}[{r.rw}])")
+
+
+def _triton_queue_mean(r: Render) -> str:
+    num, den = (_llm_core_rate(r, n) for n in ("nv_inference_queue_duration_us", "nv_inference_request_success"))
     return f"sum by ({BY}) ({num}) / sum by ({BY}) ({den}) / 1e6"
 
 
 def _triton_request_time_per_token(r: Render) -> str:
     """Seconds of the LLM model's requests (Triton core, queue included) per output token it
     generated (the backend's per-request histogram, counted at finish)."""
-    m = f'model=~"{r.triton_model}"' if r.triton_model else ""
-    num = r.llm(f"rate({r.sel('nv_inference_request_duration_us', m)}[{r.rw}])")
+    num = _llm_core_rate(r, "nv_inference_request_duration_us")
     den = f"rate({r.sel('nv_llm_output_token_len_sum')}[{r.rw}])"
     return f"sum by ({BY}) ({num}) / sum by ({BY}) ({den}) / 1e6"
 
