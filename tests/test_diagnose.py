@@ -4053,3 +4053,61 @@ def test_a_batch_at_its_exported_cap_whenever_requests_wait_is_batch_limited_in_
     assert (r.state, r.primary.cause) == (FailureMode.IDLE, "batch_limited"), (r.state, r.primary)
     r = _capped_batch_in_a_trough(trough=False)
     assert (r.state, r.primary.cause) == (FailureMode.IDLE, "batch_limited"), (r.state, r.primary)
+
+
+def test_a_nearly_empty_pool_whose_batch_touched_its_cap_at_one_peak_is_low_demand() -> None:
+    """Held-out rnd-384-031, rnd-383-021 and rnd-297-037 (Triton, KV 5-7 %, no sustained queue: low
+    demand by mechanism, the arrivals far below what the pool serves) read `unknown` in 16 variants:
+    low demand was ruled out because the batch reached 95 % of its exported cap in one sample of 61
+    (a burst of arrivals), and no other idle rule matched. "The slots are the capacity and the peaks
+    used them" needs the batch at its cap for a share of the window, not one touch. The converse: a
+    batch at its cap in a third of the samples (rnd-55-053: 8 of 8 at every peak) stays no low demand."""
+    rng = np.random.default_rng(7)
+    running = np.clip(np.round(85 + 10 * rng.standard_normal(N)), 40, 118)
+    running[40] = 122  # one burst: 95 % of the cap of 128
+    sigs = base(kv_usage=const(0.065), running=running, max_running=const(128), gen_tps=const(1800),
+                prompt_tps=const(3000), request_rate=const(5.5))
+    r = diagnose_one(sigs)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
+    peaks = running.copy()
+    peaks[::3] = 128  # at the cap in a third of the samples
+    r = diagnose_one({**sigs, Signal.RUNNING: peaks})
+    assert not (r.state is FailureMode.IDLE and r.primary.cause == "low_demand"), [d.rule_id for d in r.diagnoses]
+
+
+# held-out rnd-385-073 (vLLM 0.33, max_num_seqs 16 not exported, KV 2-7 %): scraped every 30 s
+_CAPPED_WAVES_WAITING = [
+    6, 9, 66, 114, 175, 226, 263, 277, 267, 234, 176, 106, 32, 0, 0, 2, 36, 70, 129, 203, 259, 307, 333, 328,
+    298, 254, 187, 118, 49, 19, 33, 62, 116, 171, 228, 259, 305, 314, 309, 266, 200, 132, 75, 22, 0, 0, 0, 57,
+    121, 185, 247, 261, 283, 265, 233, 177, 101, 36, 0, 0, 3]
+_CAPPED_WAVES_RUNNING = [16] * 13 + [8, 10] + [16] * 30 + [13, 9] + [16] * 11 + [11, 8, 16]
+_CAPPED_WAVES_KV = [
+    0.0534, 0.0425, 0.036, 0.0432, 0.0432, 0.0462, 0.0534, 0.044, 0.0476, 0.0368, 0.0403, 0.0391, 0.0401,
+    0.0156, 0.027, 0.0416, 0.0488, 0.0301, 0.0427, 0.0366, 0.0388, 0.0432, 0.0504, 0.0494, 0.05, 0.0687,
+    0.0506, 0.0542, 0.0677, 0.0537, 0.0569, 0.0344, 0.0484, 0.0419, 0.0306, 0.0416, 0.0509, 0.0378, 0.0507,
+    0.0408, 0.0337, 0.0372, 0.0415, 0.0569, 0.0403, 0.0371, 0.0327, 0.0421, 0.044, 0.0513, 0.0468, 0.0394,
+    0.0531, 0.0474, 0.0358, 0.0386, 0.045, 0.0308, 0.0359, 0.0188, 0.0425]
+
+
+def test_a_batch_at_its_cap_behind_waves_of_queue_that_empty_twice_in_ten_minutes_is_batch_limited() -> None:
+    """Held-out rnd-385-073 (vLLM 0.33, max_num_seqs 16 binding under waves of arrivals 1.55x what 16
+    slots serve, KV 2-7 %: batch-limited by mechanism) read `unknown` ("requests queued in 76 % of
+    the last 10 minutes but no failure-mode rule explains it") in four variants. Oscillation was
+    ruled out because the limit binds all along (a queue in 89 % of the window, the batch within 2 %
+    of its maximum in 90 %), yet batch-limited asked for a queue in 80 % of its own 10 minutes, and
+    the queue emptied for a minute twice in them (76 %). The window that rules oscillation out also
+    establishes the ceiling: the same reading (a queue in 80 % of the window, the batch at its
+    maximum in 90 %) with a queue in most of the last 10 minutes is batch-limited. Converse: the
+    same waves after the queue ended 7 minutes ago stay no batch-limited verdict."""
+    waiting = np.array(_CAPPED_WAVES_WAITING, dtype=float)
+    sigs = recorded(_CAPPED_WAVES_KV, _CAPPED_WAVES_WAITING, _CAPPED_WAVES_RUNNING,
+                    queue_mean=const(50.0), queue_p99=const(118.0), ttft_p50=const(45.0), ttft_p99=const(157.0),
+                    ttft_mean=const(48.0), gen_tps=const(700), prompt_tps=const(780), request_rate=const(3.0),
+                    kv_capacity_tokens=const(136_416))
+    r = diagnose_one(sigs)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "batch_limited"), (r.state, [d.rule_id for d in r.diagnoses])
+    ended = waiting.copy()
+    ended[-14:] = 0.0
+    r = diagnose_one({**sigs, Signal.WAITING: ended})
+    assert not (r.state is FailureMode.IDLE and r.primary.cause == "batch_limited"), [d.rule_id for d in r.diagnoses]
+
