@@ -48,7 +48,7 @@ ALL_SIGNALS = {s.value for s in Signal}
 #: per exposition: canonical signals that must be collected (sourced and with samples)
 EXPECTED_PRESENT: dict[str, set[str]] = {
     # step_rate (forward passes counted as they run) is read only from TGI and Triton, whose
-    # tokens are counted at request finish; request_time_per_token only from Triton (no TTFT there)
+    # tokens are counted at request finish; request_time_per_token only from Triton and TGI (no TTFT there)
     "vllm-0.33": ALL_SIGNALS - {"max_running", "tpot_p99", "step_rate", "request_time_per_token"},
     "vllm-0.10": ALL_SIGNALS - {"max_running", "waiting_capacity", "tpot_p99", "step_rate", "request_time_per_token"},
     "vllm-0.8.2": ALL_SIGNALS - {"max_running", "waiting_capacity", "kv_capacity_tokens", "tpot_p99", "step_rate", "request_time_per_token"},

@@ -3763,13 +3763,16 @@ _TGI_NAMES = frozenset({"tgi_batch_current_max_tokens", "tgi_batch_max_total_tok
                         "tgi_queue_size", "tgi_request_queue_duration_bucket", "tgi_request_queue_duration_sum",
                         "tgi_request_queue_duration_count", "tgi_request_mean_time_per_token_duration_bucket",
                         "tgi_request_generated_tokens_sum", "tgi_request_input_length_sum", "tgi_request_success",
-                        "tgi_request_count", "tgi_batch_inference_count"})
+                        "tgi_request_count", "tgi_batch_inference_count", "tgi_request_duration_sum"})
 
 
-def _idle_tgi(tpot_p99: float) -> object:
-    """A TGI router (no TTFT histogram) at a nearly empty batch budget, nobody queued."""
+def _idle_tgi(tpot_p99: float, request_time_per_token: float | None = None) -> object:
+    """A TGI router (no TTFT histogram) at a nearly empty batch budget, nobody queued
+    (``request_time_per_token``: its router request time per generated token, s, where given)."""
     sigs = base(kv_usage=const(0.02), running=const(2), gen_tps=const(3), request_rate=const(0.02),
                 tpot_p99=const(tpot_p99), queue_p99=const(0.01), queue_mean=const(0.005))
+    if request_time_per_token is not None:
+        sigs[Signal.REQUEST_TIME_PER_TOKEN] = const(request_time_per_token)
     for s in (Signal.TTFT_P50, Signal.TTFT_P99, Signal.TTFT_MEAN, Signal.PREEMPTIONS):
         del sigs[s]
     return _diagnose_as(Target(TargetKey("tgi", "e"), "tgi", "tgi", "m", names=_TGI_NAMES), sigs, 120.0)
@@ -4111,3 +4114,20 @@ def test_a_batch_at_its_cap_behind_waves_of_queue_that_empty_twice_in_ten_minute
     r = diagnose_one({**sigs, Signal.WAITING: ended})
     assert not (r.state is FailureMode.IDLE and r.primary.cause == "batch_limited"), [d.rule_id for d in r.diagnoses]
 
+
+def test_an_idle_tgi_pool_whose_requests_take_a_third_of_a_second_per_token_is_compute_bound() -> None:
+    """rnd-316-060 and 4 other slow TGI engines of the kept corpora (7-13x slower, few arrivals;
+    compute-bound by mechanism: the typical request waits seconds for its first token) read
+    `idle (low_demand)` in 18 target-variants: TGI exports no TTFT, and its per-request mean time
+    per token reads 0.30-0.49 s at the 99th percentile (the TPOT rule asks 0.5 s) where the
+    prompt's prefill is spread over many generated tokens. The router's end-to-end request time
+    per generated token (tgi_request_duration over tgi_request_generated_tokens; rnd-316-060: 0.34
+    s) reads 0.26-1.69 s on 21 of the 23 compute-bound TGI pools of the 41 current corpora and at
+    most 0.18 s on every healthy, misread or low-demand one (0.62 s: one 16x slow engine the
+    labeller calls low demand). The request-time rule reads it wherever TTFT is not exported, TPOT
+    or not; 0.1 s stays low demand."""
+    r = _idle_tgi(0.30, request_time_per_token=0.34)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "compute_bound"), [d.rule_id for d in r.diagnoses]
+    assert "0.34s per output token" in r.primary.summary, r.primary.summary
+    r = _idle_tgi(0.09, request_time_per_token=0.1)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]

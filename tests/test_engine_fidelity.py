@@ -170,6 +170,18 @@ def _trtllm_serve(w: Writer, inst: str) -> None:
     w.gauge("trtllm_num_requests_running", lambda t: 20.0, **lb)
 
 
+def _tgi(w: Writer, inst: str) -> None:
+    """TGI's router (router/src/server.rs): 0.5 requests/s finish, each after 6 s end to end with 20
+    generated tokens, both histograms observed together at the response."""
+    lb = {"job": JOB, "instance": inst}
+    w.gauge("tgi_queue_size", lambda t: 0.0, **lb)
+    w.gauge("tgi_batch_current_size", lambda t: 1.0, **lb)
+    w.gauge("tgi_batch_current_max_tokens", lambda t: 400.0, **lb)
+    w.gauge("tgi_batch_max_total_tokens", lambda t: 20000.0, **lb)
+    w.hist("tgi_request_duration", VLLM_REQ, 0.5, 6.0, **lb)
+    w.hist("tgi_request_generated_tokens", (1.0, 10.0, 100.0, 1000.0), 0.5, 20.0, **lb)
+
+
 def _vllm_dp(w: Writer, inst: str) -> None:
     """vLLM 0.33 with two data-parallel engines: one KV pool each."""
     for engine in ("0", "1"):
@@ -203,6 +215,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     _sglang_old(w, "sglang-old:30000")
     _trtllm_serve(w, "serve:8000")
     _vllm_dp(w, "vllm-dp:8000")
+    _tgi(w, "tgi:80")
     work = tmp_path_factory.mktemp("fidelity")
     backfill(w.text(), work / "tsdb")
     at = datetime.fromtimestamp(t0 + SPAN, tz=UTC)
@@ -239,6 +252,12 @@ def test_triton_request_time_per_output_token_reads_the_llm_model_only(env: Env)
     assert _now(env, "triton", Signal.REQUEST_TIME_PER_TOKEN) == pytest.approx(0.2, rel=1e-3)
     assert _now(env, "triton", Signal.REQUEST_TIME_PER_TOKEN, triton_model="tensorrt_llm") == pytest.approx(
         0.2, rel=1e-3)
+
+
+def test_tgi_request_time_per_token_is_the_router_request_time_over_generated_tokens(env: Env) -> None:
+    # 0.5 requests/s x 6 s = 3 request-seconds/s over 0.5 x 20 = 10 generated tokens/s
+    assert env.targets["tgi"].dialect == "tgi"
+    assert _now(env, "tgi", Signal.REQUEST_TIME_PER_TOKEN) == pytest.approx(0.3, rel=1e-3)
 
 
 def test_triton_llm_model_is_configurable(env: Env) -> None:

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from kvwatch.core.dialects.compose import HM, HQ, C, G, X, merge_sources, queue_occupancy
-from kvwatch.core.dialects.model import BY, Source
+from kvwatch.core.dialects.model import BY, Render, Source
 from kvwatch.core.signals import Signal
 
 _TGI_KV_PROXY = "batch token budget in use (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens), not KV blocks"
+
+
+def _tgi_request_time_per_token(r: Render) -> str:
+    """Seconds of the router's end-to-end request time (validation, queue and inference:
+    router/src/server.rs records ``tgi_request_duration`` at each response) per token it
+    generated; both histograms are observed together when a request finishes."""
+    num = f"rate({r.sel('tgi_request_duration_sum')}[{r.rw}])"
+    den = f"rate({r.sel('tgi_request_generated_tokens_sum')}[{r.rw}])"
+    return f"sum by ({BY}) ({num}) / sum by ({BY}) ({den})"
 
 
 def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
@@ -55,6 +64,11 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
                 Source(C, f"tgi_batch_inference_count{c}", 'method!="prefill"', agg="sum",
                        lazy_anchor=f"tgi_request_count{c}", note="decode forward passes per second")
                 for c in ("", "_total")
+            ),
+            Signal.REQUEST_TIME_PER_TOKEN: Source(
+                X, "tgi_request_duration_sum", expr=_tgi_request_time_per_token,
+                extra_requires=("tgi_request_generated_tokens_sum",),
+                note="router request time (queue included) / generated tokens (s per token)",
             ),
             Signal.KV_CAPACITY_TOKENS: Source(G, "tgi_batch_max_total_tokens",
                                               note="batch token budget set at warm-up from free memory"),
