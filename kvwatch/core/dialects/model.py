@@ -43,6 +43,12 @@ TRITON_LLM_MARKER = "nv_trt_llm_request_metrics"
 SAME_SCRAPE_S = 5
 
 
+def per_target_ratio(num: str, den: str) -> str:
+    """``num`` over ``den``, each summed per target first (one value per job and instance;
+    0/0 gives NaN, which collection drops)."""
+    return f"sum by ({BY}) ({num}) / sum by ({BY}) ({den})"
+
+
 def newest_scrape(vector: str) -> str:
     """The instant gauge ``vector`` without leftovers of series the target no longer writes.
 
@@ -211,7 +217,7 @@ class Source:
         elif k is SourceKind.HIST_MEAN:
             # numerator and denominator over the same series (same model, same filter)
             num, den = (r.llm(f"rate({self._sel(sfx, r)}[{rate_window}])", scoped) for sfx in ("_sum", "_count"))
-            q = f"sum by ({BY}) ({num}) / sum by ({BY}) ({den})"
+            q = per_target_ratio(num, den)
         elif k is SourceKind.VLLM_CACHE_INFO:
             # per engine: with data parallelism every engine core has its own pool
             labels = "engine, num_gpu_blocks, block_size, kv_cache_size_tokens"

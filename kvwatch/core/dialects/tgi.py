@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvwatch.core.dialects.compose import HM, HQ, C, G, X, merge_sources, queue_occupancy
-from kvwatch.core.dialects.model import BY, Render, Source
+from kvwatch.core.dialects.model import BY, Render, Source, per_target_ratio
 from kvwatch.core.signals import Signal
 
 _TGI_KV_PROXY = "batch token budget in use (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens), not KV blocks"
@@ -15,7 +15,7 @@ def _tgi_request_time_per_token(r: Render) -> str:
     generated; both histograms are observed together when a request finishes."""
     num = f"rate({r.sel('tgi_request_duration_sum')}[{r.rw}])"
     den = f"rate({r.sel('tgi_request_generated_tokens_sum')}[{r.rw}])"
-    return f"sum by ({BY}) ({num}) / sum by ({BY}) ({den})"
+    return per_target_ratio(num, den)
 
 
 def tgi_sources() -> dict[Signal, tuple[Source, ...]]:

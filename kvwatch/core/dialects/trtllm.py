@@ -13,7 +13,7 @@ from kvwatch.core.dialects.compose import (
     queue_occupancy,
     ttft_sources,
 )
-from kvwatch.core.dialects.model import BY, TRITON_LLM_MARKER, Render, Source
+from kvwatch.core.dialects.model import BY, TRITON_LLM_MARKER, Render, Source, per_target_ratio
 from kvwatch.core.signals import Signal
 
 _TB = "nv_trt_llm_kv_cache_block_metrics"
@@ -54,7 +54,7 @@ def _llm_core_rate(r: Render, metric: str) -> str:
 
 def _triton_queue_mean(r: Render) -> str:
     num, den = (_llm_core_rate(r, n) for n in ("nv_inference_queue_duration_us", "nv_inference_request_success"))
-    return f"sum by ({BY}) ({num}) / sum by ({BY}) ({den}) / 1e6"
+    return f"{per_target_ratio(num, den)} / 1e6"
 
 
 def _triton_request_time_per_token(r: Render) -> str:
@@ -62,7 +62,7 @@ def _triton_request_time_per_token(r: Render) -> str:
     generated (the backend's per-request histogram, counted at finish)."""
     num = _llm_core_rate(r, "nv_inference_request_duration_us")
     den = f"rate({r.sel('nv_llm_output_token_len_sum')}[{r.rw}])"
-    return f"sum by ({BY}) ({num}) / sum by ({BY}) ({den}) / 1e6"
+    return f"{per_target_ratio(num, den)} / 1e6"
 
 
 def _per_iteration(kind: str, estimate: str) -> Source:
