@@ -4131,3 +4131,71 @@ def test_an_idle_tgi_pool_whose_requests_take_a_third_of_a_second_per_token_is_c
     assert "0.34s per output token" in r.primary.summary, r.primary.summary
     r = _idle_tgi(0.09, request_time_per_token=0.1)
     assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
+
+
+# held-out rnd-402-046 (SGLang 0.5, traffic ramping to 0.96 of what the pool serves): scraped every 30 s
+_RAMP_TO_FULL_KV_USAGE = [
+    0.416, 0.364, 0.273, 0.652, 0.563, 0.186, 0.353, 0.445, 0.436, 0.355, 0.232, 0.268, 0.307, 0.388, 0.522,
+    0.804, 0.713, 0.88, 0.436, 0.375, 0.718, 0.37, 0.471, 0.44, 0.609, 0.767, 0.579, 0.535, 0.522, 0.346,
+    0.546, 0.717, 0.961, 0.584, 0.867, 0.866, 0.952, 0.899, 0.973, 0.839, 0.555, 0.532, 0.73, 0.965, 0.999,
+    0.997, 0.998, 0.995, 0.995, 0.994, 0.999, 0.982, 0.994, 0.97, 0.964, 0.909, 0.953, 0.886, 0.934, 0.953,
+    0.944]
+_RAMP_TO_FULL_WAITING = [
+    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 0, 0, 0, 8, 21, 14, 24, 49, 15, 44, 34, 15, 25, 17, 16, 23, 5, 26, 18, 6, 10]
+_RAMP_TO_FULL_RUNNING = [
+    10, 6, 13, 22, 27, 17, 13, 16, 25, 22, 14, 17, 21, 28, 26, 25, 27, 29, 31, 27, 34, 31, 36, 23, 25, 26, 24,
+    32, 35, 32, 32, 34, 30, 29, 40, 53, 53, 36, 43, 40, 35, 36, 45, 54, 51, 53, 49, 38, 66, 44, 47, 69, 46,
+    45, 49, 35, 59, 47, 49, 64, 49]
+_RAMP_TO_FULL_PREEMPTIONS = [
+    0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+    0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.025, 0.025, 0.042, 0.042, 0.017, 0.017,
+    0.0, 0.0, 0.0, 0.0, 0.017, 0.067, 0.108, 0.175, 0.233, 0.192, 0.15, 0.192, 0.158, 0.2, 0.2, 0.142, 0.1,
+    0.142, 0.167, 0.192, 0.192]
+_RAMP_TO_FULL_REQUEST_RATE = [
+    0.433, 0.4, 0.367, 0.308, 0.325, 0.417, 0.467, 0.492, 0.475, 0.45, 0.508, 0.5, 0.508, 0.492, 0.467, 0.55,
+    0.608, 0.642, 0.667, 0.692, 0.658, 0.692, 0.667, 0.692, 0.733, 0.658, 0.658, 0.592, 0.6, 0.725, 0.783,
+    0.825, 0.842, 0.817, 0.767, 0.725, 0.783, 0.925, 0.992, 1.117, 1.083, 0.975, 0.958, 0.908, 0.95, 1.008,
+    1.075, 1.092, 1.092, 1.067, 1.117, 1.125, 1.2, 1.217, 1.117, 1.133, 1.067, 1.008, 1.142, 1.108, 1.2]
+_RAMP_TO_FULL_QUEUE_MEAN = [
+    0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01, 0.01, 0.02, 0.02,
+    0.02, 0.02, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.01, 0.02, 0.02, 0.27,
+    0.27, 0.36, 0.36, 0.4, 0.4, 0.4, 0.4, 0.8, 0.8, 2.63, 2.63, 4.93, 4.93, 8.22, 8.22, 11.19, 11.19, 12.87,
+    12.87, 14.17, 14.17, 15.16, 15.16, 16.63]
+_RAMP_TO_FULL_TTFT_P50 = [
+    0.057, 0.057, 0.057, 0.057, 0.058, 0.058, 0.057, 0.057, 0.058, 0.058, 0.057, 0.057, 0.057, 0.057, 0.058,
+    0.058, 0.058, 0.058, 0.058, 0.058, 0.057, 0.057, 0.057, 0.057, 0.056, 0.056, 0.056, 0.056, 0.056, 0.056,
+    0.056, 0.056, 0.056, 0.056, 0.058, 0.058, 0.059, 0.059, 0.059, 0.059, 0.06, 0.06, 0.061, 0.061, 0.069,
+    0.069, 0.082, 0.082, 0.1, 0.1, 0.786, 0.786, 7.0, 7.0, 10.992, 10.992, 12.79, 12.79, 14.893, 14.893,
+    16.185]
+_RAMP_TO_FULL_TTFT_P99 = [
+    0.98, 0.98, 0.98, 0.98, 1.2, 1.2, 0.92, 0.92, 0.88, 0.88, 0.87, 0.87, 0.88, 0.88, 0.77, 0.77, 1.02, 1.02,
+    0.99, 0.99, 0.98, 0.98, 1.15, 1.15, 1.15, 1.15, 1.11, 1.11, 1.06, 1.06, 1.0, 1.0, 1.2, 1.2, 8.64, 8.64,
+    8.96, 8.96, 8.92, 8.92, 8.86, 8.86, 8.84, 8.84, 18.76, 18.76, 37.2, 37.2, 38.91, 38.91, 53.86, 53.86,
+    55.13, 55.13, 55.08, 55.08, 54.98, 54.98, 54.91, 54.91, 54.81]
+
+
+def _ramp_to_full(waiting: list[float]) -> dict[Signal, np.ndarray]:
+    return recorded(_RAMP_TO_FULL_KV_USAGE, waiting, _RAMP_TO_FULL_RUNNING,
+                    preemptions=np.array(_RAMP_TO_FULL_PREEMPTIONS), request_rate=np.array(_RAMP_TO_FULL_REQUEST_RATE),
+                    queue_mean=np.array(_RAMP_TO_FULL_QUEUE_MEAN), ttft_p50=np.array(_RAMP_TO_FULL_TTFT_P50),
+                    ttft_p99=np.array(_RAMP_TO_FULL_TTFT_P99), ttft_mean=1.2 * np.array(_RAMP_TO_FULL_TTFT_P50),
+                    gen_tps=np.linspace(250, 800, N), kv_capacity_tokens=const(400_000))
+
+
+def test_a_ramp_that_fills_the_pool_with_one_unbroken_queue_is_full() -> None:
+    """Held-out rnd-402-046 (SGLang 0.5, traffic ramping to 0.96 of what the pool serves: KV blocks
+    bind, full by mechanism) read `unknown` ("requests queued in 86 % of the last 10 minutes but no
+    failure-mode rule explains it") in six variants: the pool swung 19-96 % while the load ramped,
+    then one queue formed 9 minutes ago and never emptied (5-49 waiting) with KV at 89-100 % and
+    preemptions. Full stood aside for oscillating ("the queue still empties between repeated
+    drains") because the Little's-law queue time of that one queue dipped under 7.5 s once and so
+    counted two episodes; oscillation then found no period. Two queue-time episodes are two peaks only
+    where the queue gauge emptied between them (an estimated queue cannot: it keeps its old rule).
+    Converse: the same queue emptied for three samples between its two halves stays no full."""
+    r = diagnose_one(_ramp_to_full(_RAMP_TO_FULL_WAITING))
+    assert r.state is FailureMode.FULL, (r.state, [d.rule_id for d in r.diagnoses])
+    broken = list(_RAMP_TO_FULL_WAITING)
+    broken[50:53] = [0, 0, 0]
+    r = diagnose_one(_ramp_to_full(broken))
+    assert r.state is not FailureMode.FULL, [d.rule_id for d in r.diagnoses]
