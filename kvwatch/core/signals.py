@@ -77,7 +77,7 @@ SIGNAL_INFO: dict[Signal, SignalInfo] = {
     ),
     Signal.REQUEST_TIME_PER_TOKEN: SignalInfo(
         "s", "end-to-end request time per output token, windowed: request seconds / output tokens (queue time "
-             "included); read where no TTFT is exported (Triton) to tell a slow engine from an idle one",
+             "included); read where no TTFT is exported (Triton, TGI) to tell a slow engine from an idle one",
     ),
 }
 
