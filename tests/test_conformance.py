@@ -45,6 +45,10 @@ SIM_JOB = "conformance-sim"
 #: what a release really lacks: SGLang 0.4.x declares sglang:avg_request_queue_latency but
 #: its log_stats never sets it (and has no queue-time histogram), so no queue signal
 LACKS: dict[tuple[str, str], set[Signal]] = {("sglang", "0.4."): {Signal.QUEUE_MEAN}}
+#: signals a hand-written twin of a later release adds: SGLang 0.4.10's twin is the 0.5 set,
+#: whose queue-time and per-request TPOT histograms 0.4.10 does not have
+TWIN_ADDS: dict[tuple[str, str], set[Signal]] = {
+    ("sglang", "0.4."): {Signal.QUEUE_MEAN, Signal.QUEUE_P99, Signal.TPOT_P99}}
 
 
 def _series() -> dict[str, tuple[dict[str, str], Path]]:
@@ -218,3 +222,21 @@ def test_fixtures_are_newer_than_the_dialect_table_that_reads_them() -> None:
             stale.append(f"{path.name} (made against {head['dialect_fingerprint']}, now {now})")
     assert not stale, ("the dialect table changed after these fixtures were made; run "
                        "conformance/regenerate (see conformance/README.md): " + ", ".join(stale))
+
+
+def test_hand_written_expositions_export_what_the_real_exporter_exports(world) -> None:
+    """The simulator's hand-written /metrics must carry every signal the engine's own exporter
+    code carries for the same timeline: a signal the simulator leaves out (vLLM 0.33's and
+    SGLang 0.5's per-request time per output token, once) makes every corpus drawn with it blind
+    where the real engine is not, and the rules that read it go untested on that engine."""
+    results, wrong = world["results"], []
+    for inst, (head, _) in sorted(world["series"].items()):
+        real = set(resolve(results[inst].target))
+        sim = set(resolve(results[world["pairs"][inst]].target))
+        sim -= next((v for (e, ver), v in TWIN_ADDS.items()
+                     if head["engine"] == e and head["version"].startswith(ver)), set())
+        if real != sim:
+            wrong.append(f"{head['engine']} {head['version']} {head['variant']} {head['scenario']}: "
+                         f"real only {sorted(s.value for s in real - sim)}, "
+                         f"hand-written only {sorted(s.value for s in sim - real)}")
+    assert not wrong, "\n".join(wrong)

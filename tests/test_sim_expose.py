@@ -28,7 +28,7 @@ SGLANG_05 = {"token_usage", "num_used_tokens", "max_total_num_tokens", "num_runn
              "generation_tokens_total", "cached_tokens_total", "num_requests_total",
              "num_aborted_requests_total", "time_to_first_token_seconds",
              "inter_token_latency_seconds", "e2e_request_latency_seconds", "queue_time_seconds",
-             "gen_throughput", "cache_hit_rate", "realtime_tokens_total"}
+             "gen_throughput", "cache_hit_rate", "realtime_tokens_total", "request_time_per_output_token_seconds"}
 SERVE_LATENCY = {"request_success_total", "e2e_request_latency_seconds",
                  "time_to_first_token_seconds", "time_per_output_token_seconds",
                  "request_queue_time_seconds"}
@@ -38,7 +38,7 @@ EXPECTED: dict[Dialect, set[str]] = {
     Dialect.VLLM_0_33: VLLM_COMMON | {
         f"{V}num_requests_waiting_by_reason", f"{V}kv_cache_usage_perc",
         f"{V}prefix_cache_queries_total", f"{V}prefix_cache_hits_total",
-        f"{V}inter_token_latency_seconds"},
+        f"{V}inter_token_latency_seconds", f"{V}request_time_per_output_token_seconds"},
     Dialect.VLLM_0_10: VLLM_COMMON | {
         f"{V}kv_cache_usage_perc", f"{V}gpu_cache_usage_perc", f"{V}prefix_cache_queries_total",
         f"{V}prefix_cache_hits_total", f"{V}gpu_prefix_cache_queries_total",

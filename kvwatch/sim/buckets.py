@@ -74,7 +74,7 @@ def _union(*sets: Bounds) -> Bounds:
 UNION: Mapping[str, Bounds] = {
     "ttft": _union(VLLM_TTFT, SGLANG_TTFT_OLD, SGLANG_TTFT),
     "itl": _union(VLLM_ITL, SGLANG_TPOT_OLD, SGLANG_ITL),
-    "tpot_req": _union(VLLM_ITL, LMDEPLOY_ITL, TGI_DURATION),
+    "tpot_req": _union(VLLM_ITL, LMDEPLOY_ITL, TGI_DURATION, SGLANG_ITL),
     "e2e": _union(VLLM_LATENCY, SGLANG_E2E, TGI_DURATION),
     "queue": _union(VLLM_LATENCY, SGLANG_QUEUE, TGI_DURATION),
     "prompt_tokens": _union(vllm_token_buckets(1_000_000), TRITON_TOKENS, TGI_INPUT),

@@ -87,6 +87,10 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
                 tok, view, "ttft", B.SGLANG_TTFT)
     f.histogram(f"{p}inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                 tok, view, "itl", B.SGLANG_ITL)
+    # (finished - first token) / (completion tokens - 1) of each finished request (0.5.23's
+    # TokenizerMetricsCollector, conformance/), on the inter-token latency's bounds
+    f.histogram(f"{p}request_time_per_output_token_seconds", "Per-request TPOT in seconds: (finished_time - "
+                "first_token_time) / (completion_tokens - 1).", tok, view, "tpot_req", B.SGLANG_ITL)
     f.histogram(f"{p}e2e_request_latency_seconds",
                 "Histogram of End-to-end request latency in seconds", tok, view, "e2e",
                 B.SGLANG_E2E)

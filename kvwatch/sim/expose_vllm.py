@@ -21,6 +21,7 @@ class _Variant:
     kv_old: bool  # vllm:gpu_cache_usage_perc
     itl: bool  # vllm:inter_token_latency_seconds
     tpot: bool  # vllm:time_per_output_token_seconds
+    tpot_req: bool  # vllm:request_time_per_output_token_seconds (>= 0.11.0, one per finished request)
     prefix: bool  # vllm:prefix_cache_*_total (tokens)
     gpu_prefix: str | None  # vllm:gpu_prefix_cache_*_total: "tokens" | "blocks"
     by_reason: bool
@@ -31,13 +32,13 @@ class _Variant:
 
 
 VARIANTS: dict[Dialect, _Variant] = {
-    Dialect.VLLM_0_33: _Variant(True, True, False, True, False, True, None, True, True,
+    Dialect.VLLM_0_33: _Variant(True, True, False, True, False, True, True, None, True, True,
                                 ("stop", "length", "abort", "error", "repetition"), True),
-    Dialect.VLLM_0_10: _Variant(True, True, True, True, True, True, "tokens", False, True,
+    Dialect.VLLM_0_10: _Variant(True, True, True, True, True, False, True, "tokens", False, True,
                                 ("stop", "length", "abort"), True),
-    Dialect.VLLM_0_8_2: _Variant(False, False, True, False, True, False, "blocks", False, False,
+    Dialect.VLLM_0_8_2: _Variant(False, False, True, False, True, False, False, "blocks", False, False,
                                  ("stop", "length", "abort"), False),
-    Dialect.VLLM_V0_0_6: _Variant(False, False, True, False, True, False, None, False, False,
+    Dialect.VLLM_V0_0_6: _Variant(False, False, True, False, True, False, False, None, False, False,
                                   ("stop", "length", "abort"), False, v0=True),
 }
 _REASON_COUNTER = {"stop": "success_stop", "length": "success_length", "abort": "aborted"}
@@ -170,6 +171,9 @@ def _render(d: Dialect, views: Sequence[EngineView], model_name: str) -> list[Fa
         if v.tpot:
             f.histogram("vllm:time_per_output_token_seconds",
                         "Histogram of time per output token in seconds.", lb, view, "itl", itl_b)
+        if v.tpot_req:  # (e2e - TTFT) / (output tokens - 1) of each finished request
+            f.histogram("vllm:request_time_per_output_token_seconds",
+                        "Histogram of time_per_output_token_seconds per request.", lb, view, "tpot_req", itl_b)
         f.histogram("vllm:e2e_request_latency_seconds",
                     "Histogram of e2e request latency in seconds.", lb, view, "e2e", lat_b)
         f.histogram("vllm:request_queue_time_seconds",
