@@ -4195,3 +4195,35 @@ def test_a_ramp_that_fills_the_pool_with_one_unbroken_queue_is_full() -> None:
     broken[50:53] = [0, 0, 0]
     r = diagnose_one(_ramp_to_full(broken))
     assert r.state is not FailureMode.FULL, [d.rule_id for d in r.diagnoses]
+
+
+# held-out rnd-414-002 (Triton, max_num_seqs 16 exported, periodic bursts): scraped every 30 s
+_BURST_AT_CAP_KV = [
+    0.0, 0.0, 0.013, 0.054, 0.029, 0.06, 0.015, 0.0, 0.019, 0.021, 0.025, 0.085, 0.044, 0.023, 0.0, 0.004, 0.027,
+    0.044, 0.067, 0.037, 0.004, 0.0, 0.0, 0.044, 0.071, 0.021, 0.021, 0.0, 0.002, 0.025, 0.031, 0.081, 0.04, 0.071,
+    0.013, 0.0, 0.008, 0.013, 0.087, 0.081, 0.021, 0.01, 0.008, 0.01, 0.075, 0.069, 0.042, 0.029, 0.01, 0.0, 0.008,
+    0.04, 0.067, 0.077, 0.013, 0.013, 0.0, 0.006, 0.031, 0.046, 0.044]
+_BURST_AT_CAP_RUNNING = [
+    0, 0, 3, 10, 6, 10, 3, 0, 3, 4, 6, 16, 8, 4, 0, 1, 5, 8, 12, 7, 1, 0, 0, 9, 12, 5, 5, 0, 1, 4, 5, 14, 8, 9, 2, 0,
+    2, 3, 16, 15, 3, 2, 2, 2, 14, 14, 5, 6, 2, 0, 3, 6, 11, 14, 3, 2, 0, 1, 7, 6, 8]
+_BURST_AT_CAP_WAITING = [0] * 11 + [2] + [0] * 49
+
+
+def test_a_nearly_empty_pool_whose_burst_queued_behind_its_full_batch_is_not_low_demand() -> None:
+    """Held-out rnd-414-002 (Triton, KV 0-9 %, max_num_seqs 16 exported, bursts every 3.5 minutes
+    that fill the 16 slots: healthy by mechanism, a queue formed behind the full batch at one
+    burst) read `idle (low_demand)` in 6 variants. Low demand means no queue: where requests
+    waited while the batch sat at its cap, the slots were the capacity at that peak, and fewer
+    replicas (low demand's remedy) would queue every burst. The converse: the same queue with the
+    batch at 9 of 16 (something other than the slots held it) stays low demand, as does the batch
+    touching its cap without a queue (rnd-384-031)."""
+    sigs = recorded(_BURST_AT_CAP_KV, _BURST_AT_CAP_WAITING, _BURST_AT_CAP_RUNNING, max_running=const(16),
+                    gen_tps=const(99), prompt_tps=const(300), request_rate=const(0.4))
+    r = diagnose_one(sigs)
+    assert not (r.state is FailureMode.IDLE and r.primary.cause == "low_demand"), [d.rule_id for d in r.diagnoses]
+    below = np.array(_BURST_AT_CAP_RUNNING, dtype=float)
+    below[11] = 9
+    r = diagnose_one({**sigs, Signal.RUNNING: below})
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
+    r = diagnose_one({**sigs, Signal.WAITING: const(0)})
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
