@@ -4227,3 +4227,37 @@ def test_a_nearly_empty_pool_whose_burst_queued_behind_its_full_batch_is_not_low
     assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
     r = diagnose_one({**sigs, Signal.WAITING: const(0)})
     assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
+
+
+# held-out rnd-428-062 (vLLM 0.33, max_num_seqs 8 not exported, bursts every 9 minutes): scraped every 30 s
+_CAPPED_BURST_KV = [
+    0.026, 0.02, 0.002, 0.004, 0.009, 0.013, 0.004, 0.002, 0.002, 0.007, 0.01, 0.007, 0.014, 0.015, 0.018, 0.014,
+    0.0, 0.003, 0.016, 0.019, 0.005, 0.004, 0.002, 0.002, 0.003, 0.005, 0.008, 0.022, 0.025, 0.026, 0.026, 0.022,
+    0.008, 0.016, 0.002, 0.007, 0.011, 0.005, 0.005, 0.004, 0.004, 0.008, 0.004, 0.008, 0.004, 0.013, 0.009, 0.004,
+    0.021, 0.017, 0.033, 0.028, 0.003, 0.007, 0.008, 0.006, 0.0, 0.002, 0.003, 0.0, 0.0]
+_CAPPED_BURST_RUNNING = [
+    5, 3, 1, 1, 3, 4, 1, 1, 1, 3, 5, 4, 6, 6, 6, 5, 0, 2, 6, 5, 2, 2, 1, 1, 1, 2, 4, 7, 8, 8, 8, 8, 3, 4, 1, 4, 4, 1,
+    1, 2, 1, 2, 3, 4, 1, 5, 3, 2, 6, 5, 7, 8, 1, 3, 3, 1, 0, 1, 1, 0, 0]
+_CAPPED_BURST_WAITING = [0] * 29 + [3, 1] + [0] * 30
+_CAPPED_BURST_QUEUE_P99 = (
+    [17.0] * 2 + [1.22] * 18 + [0.862] * 2 + [0.297] * 8 + [13.125] * 2 + [13.633] * 2 + [13.8] * 10
+    + [13.867] * 6 + [11.8] * 2 + [9.25] * 9)
+
+
+def test_a_nearly_empty_pool_whose_burst_held_a_queue_is_not_low_demand() -> None:
+    """Held-out rnd-428-062 (vLLM 0.33, KV 0-3 %, max_num_seqs 8 not exported, bursts every 9 minutes
+    that fill the 8 slots: healthy by mechanism, requests queued behind the full batch at a burst)
+    read `idle (low_demand)` in 5 variants: the gauge held a queue for two samples (3, then 1
+    waiting; the engine's queue-time p99 read 13-14 s after it), 2 of 61, under low demand's "mean
+    under 0.5". Low demand means no queue: a queue held across scrapes shows the pool short of
+    something at its peak, and fewer replicas (low demand's remedy) would queue every burst. The
+    converse: one request caught waiting in one sample (no queue held) leaves low demand standing."""
+    sigs = recorded(_CAPPED_BURST_KV, _CAPPED_BURST_WAITING, _CAPPED_BURST_RUNNING,
+                    queue_p99=np.array(_CAPPED_BURST_QUEUE_P99, dtype=float), queue_mean=const(0.6),
+                    gen_tps=const(58), prompt_tps=const(200), request_rate=const(0.5))
+    r = diagnose_one(sigs)
+    assert not (r.state is FailureMode.IDLE and r.primary.cause == "low_demand"), [d.rule_id for d in r.diagnoses]
+    once = np.array(_CAPPED_BURST_WAITING, dtype=float)
+    once[30] = 0.0
+    r = diagnose_one({**sigs, Signal.WAITING: once, Signal.QUEUE_P99: const(0.297), Signal.QUEUE_MEAN: const(0.02)})
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "low_demand"), [d.rule_id for d in r.diagnoses]
