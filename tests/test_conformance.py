@@ -43,12 +43,16 @@ CORE = {Signal.KV_USAGE, Signal.RUNNING, Signal.WAITING, Signal.PREEMPTIONS, Sig
         Signal.PROMPT_TPS, Signal.REQUEST_RATE}
 SIM_JOB = "conformance-sim"
 #: what a release really lacks: SGLang 0.4.x declares sglang:avg_request_queue_latency but
-#: its log_stats never sets it (and has no queue-time histogram), so no queue signal
-LACKS: dict[tuple[str, str], set[Signal]] = {("sglang", "0.4."): {Signal.QUEUE_MEAN}}
-#: signals a hand-written twin of a later release adds: SGLang 0.4.10's twin is the 0.5 set,
-#: whose queue-time and per-request TPOT histograms 0.4.10 does not have
-TWIN_ADDS: dict[tuple[str, str], set[Signal]] = {
+#: its log_stats never sets it, and has no queue-time or per-request TPOT histogram (its
+#: hand-written twin is the 0.5 set, which has both)
+LACKS: dict[tuple[str, str], set[Signal]] = {
     ("sglang", "0.4."): {Signal.QUEUE_MEAN, Signal.QUEUE_P99, Signal.TPOT_P99}}
+
+
+def lacks(head: dict[str, str]) -> set[Signal]:
+    """What the release a fixture header names really lacks (:data:`LACKS`)."""
+    return set().union(*(v for (e, pre), v in LACKS.items()
+                         if head["engine"] == e and head["version"].startswith(pre)))
 
 
 def _series() -> dict[str, tuple[dict[str, str], Path]]:
@@ -153,9 +157,7 @@ def test_every_fixture_is_recognised_from_names_alone(world) -> None:
         t = r.target
         assert t.engine == head["engine"], (inst, t.engine)
         assert t.dialect in head["dialects"].split(","), (inst, t.dialect)
-        lacks = set().union(*(v for (e, pre), v in LACKS.items()
-                               if head["engine"] == e and head["version"].startswith(pre)))
-        missing = CORE - lacks - set(resolve(t))
+        missing = CORE - lacks(head) - set(resolve(t))
         assert not missing, f"{inst}: unresolved {sorted(s.value for s in missing)}"
 
 
@@ -233,8 +235,7 @@ def test_hand_written_expositions_export_what_the_real_exporter_exports(world) -
     for inst, (head, _) in sorted(world["series"].items()):
         real = set(resolve(results[inst].target))
         sim = set(resolve(results[world["pairs"][inst]].target))
-        sim -= next((v for (e, ver), v in TWIN_ADDS.items()
-                     if head["engine"] == e and head["version"].startswith(ver)), set())
+        sim -= lacks(head)
         if real != sim:
             wrong.append(f"{head['engine']} {head['version']} {head['variant']} {head['scenario']}: "
                          f"real only {sorted(s.value for s in real - sim)}, "
