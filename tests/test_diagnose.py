@@ -4192,6 +4192,40 @@ def test_a_full_pool_whose_queue_empties_for_one_scrape_per_wave_is_full() -> No
     assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
 
 
+# held-out rnd-458-037 (vLLM 0.33, max_num_seqs 256 not exported, waves 1.56x what 256 slots serve): every 30 s
+_CAP_LESS_FINISHED_WAITING = [
+    0, 255, 1398, 1719, 803, 0, 131, 1284, 1934, 1298, 106, 0, 959, 1769, 1396, 173, 0, 705, 1640, 1555, 421, 0, 446,
+    1507, 1838, 871, 0, 246, 1283, 1868, 1097, 0, 122, 1207, 2004, 1476, 272, 0, 954, 1943, 1720, 537, 0, 549, 1596,
+    1686, 629, 0, 358, 1417, 1834, 927, 0, 195, 1239, 2002, 1340, 117, 15, 1043, 1957]
+_CAP_LESS_FINISHED_RUNNING = [
+    124, 248, 252, 254, 253, 66, 253, 249, 248, 254, 254, 223, 253, 252, 254, 250, 213, 251, 249, 252, 249, 146, 252,
+    253, 251, 250, 164, 253, 251, 252, 252, 188, 255, 249, 253, 249, 250, 234, 250, 251, 254, 253, 195, 254, 249, 253,
+    252, 136, 246, 252, 252, 252, 122, 250, 249, 255, 251, 250, 252, 254, 254]
+
+
+def test_a_batch_at_its_cap_less_the_finished_whenever_requests_wait_is_batch_limited() -> None:
+    """Held-out rnd-458-037 (vLLM 0.33, max_num_seqs 256 not exported, waves of arrivals 1.56x what
+    256 slots serve, KV ~10 %: batch-limited by mechanism) read `fragmented` ("running is not pinned
+    at a cap") in 5 variants, rnd-357-036 in 3 more. vLLM reads running after the step's finished
+    requests left: at ~4 finishes per step, 246-255 whenever requests waited, within the dip that
+    many finishes make; but each wave's trough (the queue empty for one scrape, the batch at 66-234)
+    put a tenth of the samples far below the cap. A trough with nobody waiting is no free slot:
+    the dips are read where requests wait, as the batch's nearness to its maximum already is.
+    Converse: a batch wandering 215-255 while requests wait (a reservation's admitted count) is no
+    cap less its finished requests."""
+    sigs = recorded([0.1] * N, _CAP_LESS_FINISHED_WAITING, _CAP_LESS_FINISHED_RUNNING, gen_tps=const(3250),
+                    prompt_tps=const(10_500), request_rate=const(55.3), ttft_p50=const(16.3), ttft_p99=const(39.5),
+                    ttft_mean=const(16.3), queue_mean=const(16.1), queue_p99=const(39.5),
+                    kv_capacity_tokens=const(591_744))
+    r = _diagnose_as(_VLLM_V1, sigs)
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "batch_limited"), (r.state, [d.rule_id for d in r.diagnoses])
+    running = np.array(_CAP_LESS_FINISHED_RUNNING, dtype=float)
+    queued = np.array(_CAP_LESS_FINISHED_WAITING) > 0
+    running[queued] = np.random.default_rng(3).integers(215, 256, int(queued.sum()))
+    r = _diagnose_as(_VLLM_V1, {**sigs, Signal.RUNNING: running})
+    assert not (r.state is FailureMode.IDLE and r.primary.cause == "batch_limited"), [d.rule_id for d in r.diagnoses]
+
+
 def test_an_idle_tgi_pool_whose_requests_take_a_third_of_a_second_per_token_is_compute_bound() -> None:
     """rnd-316-060 and 4 other slow TGI engines of the kept corpora (7-13x slower, few arrivals;
     compute-bound by mechanism: the typical request waits seconds for its first token) read
