@@ -4168,9 +4168,9 @@ def test_a_queue_that_empties_for_one_scrape_between_waves_is_no_oscillation() -
     3 variants, as did 6 more batch-limited pools and 2 full ones (queues of 1,385 emptied for one
     scrape per wave) in 25 target-variants of 42 corpora. A queue seen in 95 % of the window that
     empties for one scrape (under a minute) between waves never drained: the cap binds all along,
-    whatever the one-sample dips of the batch (28-32, 21, 12) or the pool show. Every labelled
-    oscillation of those corpora with a queue that often held it empty for a minute at 3 troughs or
-    more. Converse: the same waves with the queue empty for a minute and a half and the batch half
+    whatever the one-sample dips of the batch (28-32, 21, 12) or the pool show. The 7 labelled
+    oscillations read that queued that often held it empty for a minute at 3-5 troughs, and no
+    labelled oscillation of those corpora changed. Converse: the same waves with the queue empty for a minute and a half and the batch half
     drained at four troughs stay oscillating."""
     sigs = recorded(_WAVES_AT_CAP_KV, _WAVES_AT_CAP_WAITING, _WAVES_AT_CAP_RUNNING, max_running=const(32),
                     ttft_p50=const(85.0), ttft_p99=const(600.0), ttft_mean=const(88.0), gen_tps=const(600),
