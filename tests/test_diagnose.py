@@ -4146,6 +4146,22 @@ def test_a_batch_at_its_cap_behind_waves_of_queue_that_empty_twice_in_ten_minute
     assert not (r.state is FailureMode.IDLE and r.primary.cause == "batch_limited"), [d.rule_id for d in r.diagnoses]
 
 
+def _held_troughs(sigs: dict[Signal, np.ndarray], troughs: tuple[int, ...],
+                  **rows: tuple[float, ...] | None) -> dict[Signal, np.ndarray]:
+    """``sigs`` with the queue empty for three samples (a minute and a half) around each trough
+    index; each signal in ``rows`` held over them at the given values, or (None) at its trough value."""
+    out = {**sigs, Signal.WAITING: np.array(sigs[Signal.WAITING], dtype=float)}
+    for name in rows:
+        out[Signal(name)] = np.array(sigs[Signal(name)], dtype=float)
+    for i in troughs:
+        held = slice(i - 1, i + 2)
+        out[Signal.WAITING][held] = 0.0
+        for name, values in rows.items():
+            row = out[Signal(name)]
+            row[held] = row[i] if values is None else values
+    return out
+
+
 # held-out rnd-452-001 (Dynamo frontend, max_num_seqs 32 exported, waves 2.47x what 32 slots serve): scraped every 30 s
 _WAVES_AT_CAP_KV = [
     0.574, 0.376, 0.443, 0.51, 0.538, 0.474, 0.476, 0.523, 0.564, 0.533, 0.445, 0.52, 0.495, 0.396, 0.381, 0.493,
@@ -4177,12 +4193,7 @@ def test_a_queue_that_empties_for_one_scrape_between_waves_is_no_oscillation() -
                     prompt_tps=const(4000), request_rate=const(1.6), kv_capacity_tokens=const(170_240))
     r = diagnose_one(sigs)
     assert (r.state, r.primary.cause) == (FailureMode.IDLE, "batch_limited"), (r.state, [d.rule_id for d in r.diagnoses])
-    waiting = np.array(_WAVES_AT_CAP_WAITING, dtype=float)
-    running = np.array(_WAVES_AT_CAP_RUNNING, dtype=float)
-    for i in (9, 21, 33, 45):
-        waiting[i - 1:i + 2] = 0.0
-        running[i - 1:i + 2] = (20.0, 12.0, 18.0)
-    r = diagnose_one({**sigs, Signal.WAITING: waiting, Signal.RUNNING: running})
+    r = diagnose_one(_held_troughs(sigs, (9, 21, 33, 45), running=(20.0, 12.0, 18.0)))
     assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
 
 
@@ -4215,11 +4226,7 @@ def test_a_full_pool_whose_queue_empties_for_one_scrape_per_wave_is_full() -> No
                     gen_tps=const(2000), request_rate=const(8.5))
     r = diagnose_one(sigs)
     assert r.state is FailureMode.FULL, (r.state, [d.rule_id for d in r.diagnoses])
-    waiting, kv, running = (np.array(x, dtype=float) for x in (_WAVES_FULL_WAITING, _WAVES_FULL_KV, _WAVES_FULL_RUNNING))
-    for i in (10, 22, 35, 47, 59):
-        held = slice(i - 1, i + 2)
-        waiting[held], kv[held], running[held] = 0.0, kv[i], running[i]
-    r = diagnose_one({**sigs, Signal.WAITING: waiting, Signal.KV_USAGE: kv, Signal.RUNNING: running})
+    r = diagnose_one(_held_troughs(sigs, (10, 22, 35, 47, 59), kv_usage=None, running=None))
     assert r.state is FailureMode.OSCILLATING, (r.state, [d.rule_id for d in r.diagnoses])
 
 
