@@ -4264,6 +4264,41 @@ def test_a_batch_at_its_cap_less_the_finished_whenever_requests_wait_is_batch_li
     assert not (r.state is FailureMode.IDLE and r.primary.cause == "batch_limited"), [d.rule_id for d in r.diagnoses]
 
 
+#: an SGLang 0.4 engine that exports no token counter (neither ``generation_tokens_total`` nor
+#: ``gen_throughput``: dropped by relabelling, the corpus' no-token-counters variant), only its
+#: per-token latency histogram and the end-to-end histogram's count of finished requests
+_SGLANG_NO_TOKENS = Target(TargetKey("sgl", "n"), "sglang", "sglang", "m", names=frozenset({
+    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+    "sglang:e2e_request_latency_seconds_count", "sglang:time_per_output_token_seconds_count",
+    "sglang:time_to_first_token_seconds_count"}))
+
+
+def test_a_batch_at_its_cap_less_the_finished_reads_its_step_from_the_token_latency_without_token_counters() -> None:
+    """The corpora's no-token-counters variant read 8 batch-limited SGLang 0.4 pools `fragmented`
+    (rnd-459-054: running 1,018 of a cap of 1,024 at every sample, 20,977 waiting, KV 50 %): the
+    finished requests per step (λ, what a gauge read after them dips by) came from finished/s x
+    running / tokens/s and was unknown without a token counter, so "a cap less its finished" could
+    not be told. A step is also the time between a request's output tokens: λ = finished/s x the
+    mean inter-token latency, from the latency histogram every engine but Triton exports. The same
+    samples as the vLLM case above (λ ≈ 4.3: 55.3 finished/s, 0.077 s a step); the converse
+    (215-255 while queued, a reservation's wander) stays not batch-limited; and with neither the
+    tokens nor the latency, λ stays unknown."""
+    sigs = recorded([0.1] * N, _CAP_LESS_FINISHED_WAITING, _CAP_LESS_FINISHED_RUNNING,
+                    request_rate=const(55.3), ttft_p50=const(16.3), ttft_p99=const(39.5), ttft_mean=const(16.3),
+                    itl_mean=const(0.077))
+    sigs.pop(Signal.GEN_TPS)
+    r = _diagnose_as(_SGLANG_NO_TOKENS, sigs)
+    assert r.facts["finishes_per_step"] == pytest.approx(55.3 * 0.077), r.facts["finishes_per_step"]
+    assert (r.state, r.primary.cause) == (FailureMode.IDLE, "batch_limited"), (r.state, [d.rule_id for d in r.diagnoses])
+    running = np.array(_CAP_LESS_FINISHED_RUNNING, dtype=float)
+    queued = np.array(_CAP_LESS_FINISHED_WAITING) > 0
+    running[queued] = np.random.default_rng(3).integers(215, 256, int(queued.sum()))
+    r = _diagnose_as(_SGLANG_NO_TOKENS, {**sigs, Signal.RUNNING: running})
+    assert not (r.state is FailureMode.IDLE and r.primary.cause == "batch_limited"), [d.rule_id for d in r.diagnoses]
+    blind = {k: v for k, v in sigs.items() if k is not Signal.ITL_MEAN}
+    assert _diagnose_as(_SGLANG_NO_TOKENS, blind).facts["finishes_per_step"] is None
+
+
 def test_an_idle_tgi_pool_whose_requests_take_a_third_of_a_second_per_token_is_compute_bound() -> None:
     """rnd-316-060 and 4 other slow TGI engines of the kept corpora (7-13x slower, few arrivals;
     compute-bound by mechanism: the typical request waits seconds for its first token) read

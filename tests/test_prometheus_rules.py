@@ -111,11 +111,12 @@ def test_recording_rules_cover_every_signal_and_dialect() -> None:
 
 def test_the_alerts_read_finishes_per_step_on_exactly_the_engines_the_dialect_table_reads_so() -> None:
     """The native alerts name the engines whose running gauge is read after the step's finished
-    requests left (λ, the dips a cap shows) in one matcher; it must be the dialect table's set
-    (``Source.after_finishes``), or a cap on an engine added to the table reads `fragmented` there."""
+    requests left (λ, the dips a cap shows) in one matcher per way of reading λ (token counters, else
+    the inter-token latency); it must be the dialect table's set (``Source.after_finishes``), or a
+    cap on an engine added to the table reads `fragmented` there."""
     (rule,) = [r for r in _rules(ALERTS) if r.get("record") == "instance:kvwatch_finishes_per_step:ratio10m"]
     matchers = re.findall(r'engine=~"([^"]+)"', rule["expr"])
-    assert len(matchers) == 1, matchers
+    assert len(matchers) == 2 and len(set(matchers)) == 1, matchers
     after = {d.engine for d in DIALECTS for s in d.sources.get(Signal.RUNNING, ()) if s.after_finishes}
     assert set(matchers[0].split("|")) == after
     # the pinned clause inherits the engines from the λ series instead of naming them again

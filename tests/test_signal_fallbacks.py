@@ -23,7 +23,7 @@ from kvwatch.config import load_settings
 from kvwatch.core.collect import collect, resolve
 from kvwatch.core.discover import discover
 from kvwatch.core.frame import FleetData
-from kvwatch.core.models import Target
+from kvwatch.core.models import Target, TargetResult
 from kvwatch.core.pipeline import evaluate
 from kvwatch.core.promclient import PromClient
 from kvwatch.core.rules import load_ruleset
@@ -62,6 +62,11 @@ CASES: dict[str, tuple[str, str, tuple[str, ...], tuple[Signal, ...]]] = {
     "lmdeploy no waiting": ("full", "lmdeploy", ("lmdeploy:num_requests_waiting",), (Signal.WAITING,)),
     # SGLang's scheduler observes queue time too (per rank, like its gauges)
     "sglang-0.5 no waiting": ("full", "sglang-0.5", ("sglang:num_queue_reqs",), (Signal.WAITING,)),
+    # without any token counter, the requests finishing per engine step (what a running gauge read
+    # after them dips by: batch-limited against fragmented) take their step from the token latency
+    "sglang-0.4.0 no token counters": ("idle-batch-limited", "sglang-0.4.0",
+                                       ("sglang:generation_tokens", "sglang:prompt_tokens", "sglang:gen_throughput"),
+                                       ()),
     # and on a pool that does not queue, the estimate must not invent one
     "vllm-0.33 no waiting, no queue": ("healthy-light", "vllm-0.33",
                                        ("vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason"),
@@ -129,12 +134,16 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
         yield Store(url, at, targets, data)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_fallback_yields_the_signal_in_its_unit(store: Store, case: str) -> None:
-    preset, dialect, drop, signals = CASES[case]
+def _twins(store: Store, preset: str, dialect: str) -> tuple[Target, Target]:
     by_instance = {t.key.instance: t for t in store.targets}
     (orig,) = [t for i, t in by_instance.items() if i.startswith(f"sim-{preset}-{dialect}-") and SUFFIX not in i]
-    copy = by_instance[orig.key.instance.replace(":", f"{SUFFIX}:")]
+    return orig, by_instance[orig.key.instance.replace(":", f"{SUFFIX}:")]
+
+
+@pytest.mark.parametrize("case", sorted(c for c, (_, _, _, signals) in CASES.items() if signals))
+def test_fallback_yields_the_signal_in_its_unit(store: Store, case: str) -> None:
+    preset, dialect, drop, signals = CASES[case]
+    orig, copy = _twins(store, preset, dialect)
     for sig in signals:
         preferred, fallback = resolve(orig)[sig], resolve(copy).get(sig)
         assert fallback is not None, f"{dialect}: no fallback for {sig} once {drop} are gone"
@@ -159,9 +168,31 @@ def test_fallback_yields_the_signal_in_its_unit(store: Store, case: str) -> None
         assert ma > 0 and abs(mb - ma) <= tol * ma, f"{dialect} {sig}: preferred {ma:.4g} vs fallback {mb:.4g}"
 
 
-def test_verdicts_do_not_change_without_the_preferred_source(store: Store) -> None:
+@pytest.fixture(scope="module")
+def results(store: Store) -> dict[str, TargetResult]:
     ev = evaluate(PromClient(store.url), load_settings(None, environ={}), load_ruleset(), store.at)
-    states = {r.target.key.instance: r for r in ev.results}
+    return {r.target.key.instance: r for r in ev.results}
+
+
+def test_the_step_comes_from_the_token_latency_without_token_counters(
+    store: Store, results: dict[str, TargetResult]
+) -> None:
+    """The inter-token latency is read only where no token counter is (ONLY_WITHOUT), and the
+    finished requests per step it gives agree with running x finished/s / tokens/s."""
+    preset, dialect, _, _ = CASES["sglang-0.4.0 no token counters"]
+    orig, copy = _twins(store, preset, dialect)
+    assert Signal.GEN_TPS in resolve(orig) and Signal.ITL_MEAN not in resolve(orig)
+    assert Signal.GEN_TPS not in resolve(copy) and Signal.ITL_MEAN in resolve(copy)
+    assert store.data.values(orig.key, Signal.ITL_MEAN) is None  # not fetched where tokens are counted
+    by_tokens = results[orig.key.instance].facts["finishes_per_step"]
+    by_latency = results[copy.key.instance].facts["finishes_per_step"]
+    assert by_tokens is not None and by_latency is not None, (by_tokens, by_latency)
+    assert by_tokens > 0 and abs(by_latency - by_tokens) <= 0.35 * by_tokens, (by_tokens, by_latency)
+    assert "itl_mean" not in results[orig.key.instance].missing_signals  # a stand-in is no blind spot
+
+
+def test_verdicts_do_not_change_without_the_preferred_source(results: dict[str, TargetResult]) -> None:
+    states = results
     for preset, dialect, _, signals in CASES.values():
         (inst,) = [i for i in states if i.startswith(f"sim-{preset}-{dialect}-") and SUFFIX not in i]
         r, twin = states[inst], states[inst.replace(":", f"{SUFFIX}:")]

@@ -103,9 +103,10 @@ FACTS: dict[str, str] = {
     "kv_usage_vs_group": "this replica's mean KV usage minus the others' median",
     "ttft_slo": "configured TTFT SLO in seconds",
     "finishes_per_step": "requests finishing in one engine step where the running gauge is read after they left "
-                         "(vLLM, SGLang): running x finished/s / tokens/s over 10 minutes; a batch at its cap reads the cap "
-                         "with probability e^-finishes_per_step. 0 where the gauge counts them (the cap itself is "
-                         "read); none without request or token counters",
+                         "(vLLM, SGLang): finished/s x the step (running / tokens/s, else the mean inter-token latency) over "
+                         "10 minutes; a batch at its cap reads the cap with probability e^-finishes_per_step. 0 where "
+                         "the gauge counts them (the cap itself is read); none without request counters, or without "
+                         "both token counters and a token-latency histogram",
     "finish_dip": "how far under its cap (requests) such a gauge's 10th percentile may sit from those finishes "
                   "alone: finishes_per_step + 2 sqrt(finishes_per_step) + 1; 0 where the gauge counts them",
     "cap_share": "the least share of samples such a gauge reads at the cap itself: e^-finishes_per_step less "
@@ -306,8 +307,9 @@ class RuleSet:
                 for name in (leaf.signal, leaf.ref):
                     if name:
                         names.update(DERIVED_INPUTS.get(name, (name,)))
-        # facts computed from series: tokens per request, the replica group, the period
-        names.update(("kv_usage", "gen_tps", "prompt_tps", "request_rate"))
+        # facts computed from series: tokens per request, the replica group, the period, the
+        # finished requests per step (its step from the token latency where no tokens are counted)
+        names.update(("kv_usage", "gen_tps", "prompt_tps", "request_rate", "itl_mean"))
         return frozenset(Signal(n) for n in names if n in Signal._value2member_map_)
 
     def decision_signals(self) -> frozenset[Signal]:

@@ -24,6 +24,7 @@ class Signal(StrEnum):
     QUEUE_P99 = "queue_p99"
     QUEUE_MEAN = "queue_mean"
     ITL_P99 = "itl_p99"
+    ITL_MEAN = "itl_mean"
     TPOT_P99 = "tpot_p99"
     GEN_TPS = "gen_tps"
     PROMPT_TPS = "prompt_tps"
@@ -62,6 +63,11 @@ SIGNAL_INFO: dict[Signal, SignalInfo] = {
     Signal.QUEUE_P99: SignalInfo("s", "queue time, 99th percentile (observed at request finish)"),
     Signal.QUEUE_MEAN: SignalInfo("s", "queue time, windowed mean"),
     Signal.ITL_P99: SignalInfo("s", "inter-token latency (one observation per output step), 99th percentile"),
+    Signal.ITL_MEAN: SignalInfo(
+        "s", "mean time between a request's output tokens, windowed rate(sum)/rate(count): one engine step "
+             "(a per-request time-per-token histogram gives the same mean); read only where no token counter is "
+             "exported (ONLY_WITHOUT), for the requests that finish in one step",
+    ),
     Signal.TPOT_P99: SignalInfo(
         "s", "per-request mean time per output token, 99th percentile over requests (understates the ITL tail)"
     ),
@@ -83,3 +89,8 @@ SIGNAL_INFO: dict[Signal, SignalInfo] = {
 
 #: Signals without which no state can be decided: their absence makes a target ``unknown``.
 REQUIRED_SIGNALS: tuple[Signal, ...] = (Signal.KV_USAGE,)
+
+#: signal -> the signal it stands in for: read only from targets that do not export the latter.
+#: Fetching it from every target would cost each cycle a query and a series per target for
+#: nothing (the tokens per second give the step where they are counted).
+ONLY_WITHOUT: dict[Signal, Signal] = {Signal.ITL_MEAN: Signal.GEN_TPS}

@@ -93,13 +93,20 @@ def _finishes_per_step(view: TargetView) -> float | None:
     them (λ: a batch held at its cap reads the cap with probability e^-λ). Each decoding request
     emits one token per step, so a step lasts running / tokens-per-second and λ = finished/s x
     running / tokens/s (medians over the last 10 minutes; speculative decoding's extra tokens per
-    step only lower it). 0 where the gauge counts the step's finished requests (the cap itself
-    is read); None where a counter is missing or reads no tokens."""
+    step only lower it). Without a token counter the step is the mean time between a request's
+    output tokens (``itl_mean``; a prefill chunk or an eviction in between only lengthens it, so
+    λ errs high: the dip a cap may show, wider). 0 where the gauge counts the step's finished
+    requests (the cap itself is read); None where the counters or the latency are missing."""
     if not running_after_finishes(view.target):
         return 0.0
     running, done, tokens = (view.stat(s, FINISHES_SPAN_S, "median")
                              for s in ("running", "request_rate", "gen_tps"))
-    if running is None or done is None or tokens is None or tokens <= 0:
+    if done is None:
+        return None
+    if tokens is None:
+        step = view.stat("itl_mean", FINISHES_SPAN_S, "median")
+        return done * step if step is not None and step > 0 else None
+    if running is None or tokens <= 0:
         return None
     return running * done / tokens
 

@@ -36,7 +36,7 @@ from kvwatch.core.models import (
     Verdict,
 )
 from kvwatch.core.rules import DERIVED_INPUTS, Rule, RuleSet
-from kvwatch.core.signals import REQUIRED_SIGNALS, Signal
+from kvwatch.core.signals import ONLY_WITHOUT, REQUIRED_SIGNALS, Signal
 from kvwatch.core.templates import Num, render
 
 # iterating an Enum class, and reading a member's value, are slow
@@ -321,7 +321,8 @@ def diagnose_target(
     gaps: list[tuple[str, bool]] = []  # (blind spot, listed only with a matched rule)
     for sig, name in _ALL_SIGNALS:
         if sig not in sourced:
-            gaps.append((name, False))
+            if ONLY_WITHOUT.get(sig) not in sourced:  # a stand-in is no gap beside what it stands in for
+                gaps.append((name, False))
         else:
             counts = view.fleet.column(name, p.window_s, "count")  # view.stat(…, "count"), 18 times a target
             if counts is None or not counts[view.row]:

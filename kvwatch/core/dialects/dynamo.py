@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvwatch.core.dialects.compose import HQ, C, G, X, merge_sources, ttft_sources
+from kvwatch.core.dialects.compose import HM, HQ, C, G, X, merge_sources, ttft_sources
 from kvwatch.core.dialects.model import BY, Render, Source
 from kvwatch.core.signals import Signal
 
@@ -55,6 +55,7 @@ def dynamo_frontend_sources() -> dict[Signal, tuple[Source, ...]]:
                                    note="HTTP requests waiting for their first response, prefill included "
                                         "(kvwatch reads the part beyond what a within-SLO prefill holds)"),
             Signal.ITL_P99: Source(HQ, f"{p}inter_token_latency_seconds", quantile=0.99),
+            Signal.ITL_MEAN: Source(HM, f"{p}inter_token_latency_seconds", note="mean of the streamed tokens' gaps"),
             Signal.GEN_TPS: Source(C, f"{p}output_tokens_total", agg="sum"),
             Signal.PROMPT_TPS: Source(C, f"{p}input_sequence_tokens_sum", agg="sum"),
             Signal.REQUEST_RATE: (

@@ -33,6 +33,10 @@ def lmdeploy_sources(p: str) -> dict[Signal, tuple[Source, ...]]:
             Signal.QUEUE_MEAN: Source(HM, f"{p}request_queue_time_seconds"),
             Signal.ITL_P99: Source(HQ, f"{p}iter_token_latency", quantile=0.99, bucket_range=(0.005, 80.0),
                                    note="inter-token latency (per output step)"),
+            Signal.ITL_MEAN: (
+                Source(HM, f"{p}iter_token_latency", note="mean of the per-step observations"),
+                Source(HM, f"{p}time_per_output_token_seconds", note="mean of the requests' own means"),
+            ),
             Signal.TPOT_P99: Source(HQ, f"{p}time_per_output_token_seconds", quantile=0.99,
                                     bucket_range=(0.005, 80.0), note="per finished request"),
             Signal.GEN_TPS: Source(C, f"{p}generation_tokens_total", agg="sum"),

@@ -71,6 +71,11 @@ def sglang_sources(p: str) -> dict[Signal, tuple[Source, ...]]:
                 Source(HQ, f"{p}inter_token_latency_seconds", quantile=0.99, bucket_range=(0.002, 8.0)),
                 Source(HQ, f"{p}time_per_output_token_seconds", quantile=0.99),
             ),
+            Signal.ITL_MEAN: (
+                Source(HM, f"{p}inter_token_latency_seconds", note="mean of the per-token observations"),
+                Source(HM, f"{p}time_per_output_token_seconds", note="mean of the per-token observations (0.4.x)"),
+                Source(HM, f"{p}request_time_per_output_token_seconds", note="mean of the requests' own means (0.5.23)"),
+            ),
             Signal.TPOT_P99: Source(HQ, f"{p}request_time_per_output_token_seconds", quantile=0.99,
                                     note="per finished request (0.5.23)"),
             Signal.GEN_TPS: (

@@ -18,7 +18,7 @@ from kvwatch.core.dialects.trtllm import (
 )
 from kvwatch.core.dialects.vllm import VLLM_SOURCES, vllm_sources
 from kvwatch.core.models import Target
-from kvwatch.core.signals import Signal
+from kvwatch.core.signals import ONLY_WITHOUT, Signal
 
 _DYN_UP = "ai-dynamo/dynamo:lib/runtime/src/metrics/prometheus_names.rs@04070c75"
 _SGL_UP = "sgl-project/sglang:python/sglang/srt/observability/metrics_collector.py@016d8605"
@@ -169,7 +169,8 @@ def kv_proxy(dialect_id: str) -> str:
 @functools.lru_cache(maxsize=16384)
 def resolve(target: Target) -> dict[Signal, Source]:
     """The source each signal uses for this target: the first of its dialect's sources whose
-    required metrics the target exports (signals without one are absent).
+    required metrics the target exports (signals without one are absent; a stand-in of
+    :data:`~kvwatch.core.signals.ONLY_WITHOUT` is absent where the signal it stands in for is not).
 
     Cached: the same targets are resolved by planning, collection, diagnosis and every cycle.
     Callers must not mutate the returned mapping.
@@ -181,6 +182,9 @@ def resolve(target: Target) -> dict[Signal, Source]:
             if all(n in target.names for n in src.requires):
                 out[sig] = src
                 break
+    for sig, preferred in ONLY_WITHOUT.items():
+        if preferred in out:
+            out.pop(sig, None)
     return out
 
 

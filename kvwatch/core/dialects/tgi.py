@@ -38,6 +38,8 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
             Signal.WAITING: (Source(G, "tgi_queue_size", agg="sum"), queue_occupancy("tgi_request_queue_duration")),
             Signal.QUEUE_P99: Source(HQ, "tgi_request_queue_duration", quantile=0.99),
             Signal.QUEUE_MEAN: Source(HM, "tgi_request_queue_duration"),
+            Signal.ITL_MEAN: Source(HM, "tgi_request_mean_time_per_token_duration",
+                                    note="mean of the requests' own means"),
             Signal.TPOT_P99: Source(HQ, "tgi_request_mean_time_per_token_duration", quantile=0.99,
                                     note="mean time per token of each request (TPOT)"),
             Signal.GEN_TPS: Source(C, "tgi_request_generated_tokens_sum", agg="sum", counted_at_finish=True,

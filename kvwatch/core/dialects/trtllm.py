@@ -160,6 +160,8 @@ def trtllm_serve_sources(p: str, m: str) -> dict[Signal, tuple[Source, ...]]:
             Signal.QUEUE_P99: Source(HQ, f"{p}request_queue_time_seconds", m, quantile=0.99,
                                      bucket_range=(0.3, 7680.0), note=QUEUE_BUCKET_NOTE),
             Signal.QUEUE_MEAN: Source(HM, f"{p}request_queue_time_seconds", m),
+            Signal.ITL_MEAN: Source(HM, f"{p}time_per_output_token_seconds", m,
+                                    note="mean of the requests' own means"),
             Signal.TPOT_P99: Source(HQ, f"{p}time_per_output_token_seconds", m, quantile=0.99,
                                     bucket_range=(0.01, 80.0),
                                     note="one average per finished request (TPOT), not per-token ITL"),

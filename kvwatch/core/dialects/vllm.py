@@ -52,6 +52,10 @@ def vllm_sources(p: str, total: str = "_total") -> dict[Signal, tuple[Source, ..
                 Source(HQ, f"{p}time_per_output_token_seconds", _VM, quantile=0.99, bucket_range=(0.01, 80.0),
                        note="old name of the same per-step observations (<= 0.11.x, hidden 0.12-0.14)"),
             ),
+            Signal.ITL_MEAN: (
+                Source(HM, f"{p}inter_token_latency_seconds", _VM, note="mean of the per-step observations (>= 0.10.2)"),
+                Source(HM, f"{p}time_per_output_token_seconds", _VM, note="old name (<= 0.11.x, hidden 0.12-0.14)"),
+            ),
             Signal.TPOT_P99: Source(HQ, f"{p}request_time_per_output_token_seconds", _VM, quantile=0.99,
                                     bucket_range=(0.01, 80.0), note="per finished request (>= 0.11.0)"),
             Signal.GEN_TPS: (

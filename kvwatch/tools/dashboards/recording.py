@@ -40,6 +40,7 @@ RECORDS: dict[Signal, str] = {
     Signal.QUEUE_P99: f"instance:kvwatch_queue_seconds:p99_{_W}",
     Signal.QUEUE_MEAN: f"instance:kvwatch_queue_seconds:mean_{_W}",
     Signal.ITL_P99: f"instance:kvwatch_itl_seconds:p99_{_W}",
+    Signal.ITL_MEAN: f"instance:kvwatch_itl_seconds:mean_{_W}",
     Signal.TPOT_P99: f"instance:kvwatch_tpot_seconds:p99_{_W}",
     Signal.GEN_TPS: f"instance:kvwatch_generation_tokens:{_W}",
     Signal.PROMPT_TPS: f"instance:kvwatch_prompt_tokens:{_W}",
