@@ -48,8 +48,19 @@ CASES: dict[str, tuple[str, str, tuple[str, ...], tuple[Signal, ...]]] = {
     "trtllm-triton": (
         "healthy-busy", "trtllm-triton",
         ("nv_llm_output_token_len", "nv_llm_input_token_len", "nv_inference_request_success"),
-        (Signal.GEN_TPS, Signal.PROMPT_TPS, Signal.REQUEST_RATE),
+        (Signal.GEN_TPS, Signal.PROMPT_TPS, Signal.REQUEST_RATE, Signal.REQUEST_TIME_PER_TOKEN),
     ),
+    # TGI without its token histograms: tokens from the batch size x decode passes, and the
+    # request time per token (what tells a slow engine from an idle one without TTFT) with them
+    "tgi": ("healthy-busy", "tgi", ("tgi_request_generated_tokens", "tgi_request_input_length"),
+            (Signal.GEN_TPS, Signal.REQUEST_TIME_PER_TOKEN)),
+    # ... on slow engines too: compute-bound stays compute-bound (the corpora's no-token-counters
+    # variant read 5 Triton and 3 TGI compute-bound pools unknown or low demand)
+    "trtllm-triton compute-bound": ("idle-compute-bound", "trtllm-triton",
+                                    ("nv_llm_output_token_len", "nv_llm_input_token_len"),
+                                    (Signal.REQUEST_TIME_PER_TOKEN,)),
+    "tgi compute-bound": ("idle-compute-bound", "tgi", ("tgi_request_generated_tokens", "tgi_request_input_length"),
+                          (Signal.REQUEST_TIME_PER_TOKEN,)),
     # the Dynamo frontend without its request counter: finished requests from the request-duration
     # histogram's count (and with them the part of the prefill-counting queue gauge a within-SLO
     # prefill holds: without a rate, prefill read as a queue; full-share probe 143 144 rnd-143-058)

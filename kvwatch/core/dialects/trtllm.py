@@ -65,16 +65,32 @@ def _triton_request_time_per_token(r: Render) -> str:
     return f"{per_target_ratio(num, den)} / 1e6"
 
 
+def _per_iteration_rate(r: Render, kind: str) -> str:
+    """A per-iteration gauge of the in-flight batcher (its mean over the window) times
+    iterations per second: per second what it counts per iteration."""
+    which = f'inflight_batcher_specific_metric="{kind}"'
+    per_iter = f"avg_over_time({r.sel(_IFB, which)}[{r.rw}])"
+    return f"sum by ({BY}) ({per_iter}) * on ({BY}) max by ({BY}) ({_iterations_per_s(r)})"
+
+
 def _per_iteration(kind: str, estimate: str) -> Source:
     """Triton without the ``nv_llm_*`` token histograms: a per-iteration gauge of the in-flight
     batcher times iterations per second."""
-    which = f'inflight_batcher_specific_metric="{kind}"'
+    return Source(X, _IFB, expr=lambda r: _per_iteration_rate(r, kind), extra_requires=(_GEN,), estimate=estimate)
 
-    def expr(r: Render) -> str:
-        per_iter = f"avg_over_time({r.sel(_IFB, which)}[{r.rw}])"
-        return f"sum by ({BY}) ({per_iter}) * on ({BY}) max by ({BY}) ({_iterations_per_s(r)})"
 
-    return Source(X, _IFB, expr=expr, extra_requires=(_GEN,), estimate=estimate)
+def _triton_request_time_per_token_by_iterations(r: Render) -> str:
+    """As :func:`_triton_request_time_per_token` where the token histograms are missing: the
+    output tokens are the decode requests of each iteration (one token each) per second.
+
+    The gauge's mean over the window counts the scrapes of an idle executor too, so a sparse
+    pool's tokens are under-counted and its time per token over-stated: against the exact value
+    on the base variant of 54 corpora, low-demand pools read 0.88-8.7x (median 1.29x), the rest
+    0.4-1.1x; 4 of 91 low-demand pools over the compute-bound rule's 0.25 s where the exact value
+    puts 2, 23 of 24 compute-bound ones as with the exact. A window maximum instead errs the
+    other way and found 16 of the 24."""
+    num = f"sum by ({BY}) ({_llm_core_rate(r, 'nv_inference_request_duration_us')})"
+    return f"{num} / on ({BY}) ({_per_iteration_rate(r, 'generation_requests')}) / 1e6"
 
 
 _TRITON_TTFT_NOTE = ("Triton core, only with --metrics-config histogram_latencies=true; default buckets "
@@ -126,10 +142,17 @@ TRITON_SOURCES = merge_sources(
         # the executor's iteration counter (rate as in _iterations_per_s); it stands still
         # while the executor runs no iteration
         Signal.STEP_RATE: Source(C, _GEN, _ITER, agg="sum", note="executor iterations per second"),
-        Signal.REQUEST_TIME_PER_TOKEN: Source(
-            X, "nv_inference_request_duration_us", expr=_triton_request_time_per_token,
-            extra_requires=("nv_llm_output_token_len_sum",),
-            note="Triton core request time of the LLM model / its output tokens (s per token, queue included)",
+        Signal.REQUEST_TIME_PER_TOKEN: (
+            Source(
+                X, "nv_inference_request_duration_us", expr=_triton_request_time_per_token,
+                extra_requires=("nv_llm_output_token_len_sum",),
+                note="Triton core request time of the LLM model / its output tokens (s per token, queue included)",
+            ),
+            Source(
+                X, "nv_inference_request_duration_us", expr=_triton_request_time_per_token_by_iterations,
+                extra_requires=(_IFB, _GEN),
+                estimate="request time / (decode requests per iteration x iterations/s): tokens counted per iteration",
+            ),
         ),
     },
     ttft_sources("nv_inference_first_response_histogram_ms", scale=0.001, triton_core=True,
