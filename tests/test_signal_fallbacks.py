@@ -78,6 +78,12 @@ CASES: dict[str, tuple[str, str, tuple[str, ...], tuple[Signal, ...]]] = {
     "sglang-0.4.0 no token counters": ("idle-batch-limited", "sglang-0.4.0",
                                        ("sglang:generation_tokens", "sglang:prompt_tokens", "sglang:gen_throughput"),
                                        ()),
+    # without TTFT (a relabel dropped it), a slow engine is told from an idle one by the request
+    # time per token, read only then (the corpora's no-TTFT variant read 36 compute-bound pools
+    # low demand)
+    "vllm-0.33 compute-bound no ttft": ("idle-compute-bound", "vllm-0.33", ("vllm:time_to_first_token_seconds",), ()),
+    "sglang-0.5 compute-bound no ttft": ("idle-compute-bound", "sglang-0.5", ("sglang:time_to_first_token_seconds",),
+                                         ()),
     # and on a pool that does not queue, the estimate must not invent one
     "vllm-0.33 no waiting, no queue": ("healthy-light", "vllm-0.33",
                                        ("vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason"),
@@ -200,6 +206,18 @@ def test_the_step_comes_from_the_token_latency_without_token_counters(
     assert by_tokens is not None and by_latency is not None, (by_tokens, by_latency)
     assert by_tokens > 0 and abs(by_latency - by_tokens) <= 0.35 * by_tokens, (by_tokens, by_latency)
     assert "itl_mean" not in results[orig.key.instance].missing_signals  # a stand-in is no blind spot
+
+
+@pytest.mark.parametrize("case", ["vllm-0.33 compute-bound no ttft", "sglang-0.5 compute-bound no ttft"])
+def test_a_slow_engine_without_ttft_reads_compute_bound(store: Store, results: dict[str, TargetResult], case: str) -> None:
+    preset, dialect, _, _ = CASES[case]
+    orig, copy = _twins(store, preset, dialect)
+    assert Signal.REQUEST_TIME_PER_TOKEN not in resolve(orig)  # TTFT tells it there
+    assert Signal.REQUEST_TIME_PER_TOKEN in resolve(copy)
+    for t in (orig, copy):
+        r = results[t.key.instance]
+        assert (r.state.value, r.primary and r.primary.cause) == ("idle", "compute_bound"), (
+            t.key.instance, r.state, [d.rule_id for d in r.diagnoses], r.primary and r.primary.summary)
 
 
 def test_verdicts_do_not_change_without_the_preferred_source(results: dict[str, TargetResult]) -> None:

@@ -92,5 +92,6 @@ REQUIRED_SIGNALS: tuple[Signal, ...] = (Signal.KV_USAGE,)
 
 #: signal -> the signal it stands in for: read only from targets that do not export the latter.
 #: Fetching it from every target would cost each cycle a query and a series per target for
-#: nothing (the tokens per second give the step where they are counted).
-ONLY_WITHOUT: dict[Signal, Signal] = {Signal.ITL_MEAN: Signal.GEN_TPS}
+#: nothing (the tokens per second give the step where they are counted; the rule that reads the
+#: request time per token, compute-bound without TTFT, needs no TTFT exported).
+ONLY_WITHOUT: dict[Signal, Signal] = {Signal.ITL_MEAN: Signal.GEN_TPS, Signal.REQUEST_TIME_PER_TOKEN: Signal.TTFT_P50}

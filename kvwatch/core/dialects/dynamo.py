@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from kvwatch.core.dialects.compose import HM, HQ, C, G, X, merge_sources, ttft_sources
+from kvwatch.core.dialects.compose import (
+    HM,
+    HQ,
+    C,
+    G,
+    X,
+    merge_sources,
+    request_time_per_token,
+    ttft_sources,
+)
 from kvwatch.core.dialects.model import BY, Render, Source
 from kvwatch.core.signals import Signal
 
@@ -57,6 +66,8 @@ def dynamo_frontend_sources() -> dict[Signal, tuple[Source, ...]]:
             Signal.ITL_P99: Source(HQ, f"{p}inter_token_latency_seconds", quantile=0.99),
             Signal.ITL_MEAN: Source(HM, f"{p}inter_token_latency_seconds", note="mean of the streamed tokens' gaps"),
             Signal.GEN_TPS: Source(C, f"{p}output_tokens_total", agg="sum"),
+            Signal.REQUEST_TIME_PER_TOKEN: request_time_per_token(f"{p}request_duration_seconds",
+                                                                 f"{p}output_tokens_total"),
             Signal.PROMPT_TPS: Source(C, f"{p}input_sequence_tokens_sum", agg="sum"),
             Signal.REQUEST_RATE: (
                 Source(C, f"{p}requests_total", agg="sum"),

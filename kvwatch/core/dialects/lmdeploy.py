@@ -10,6 +10,7 @@ from kvwatch.core.dialects.compose import (
     G,
     merge_sources,
     queue_occupancy,
+    request_time_per_token,
     ttft_sources,
 )
 from kvwatch.core.dialects.model import Source
@@ -40,6 +41,8 @@ def lmdeploy_sources(p: str) -> dict[Signal, tuple[Source, ...]]:
             Signal.TPOT_P99: Source(HQ, f"{p}time_per_output_token_seconds", quantile=0.99,
                                     bucket_range=(0.005, 80.0), note="per finished request"),
             Signal.GEN_TPS: Source(C, f"{p}generation_tokens_total", agg="sum"),
+            Signal.REQUEST_TIME_PER_TOKEN: request_time_per_token(f"{p}e2e_request_latency_seconds",
+                                                                 f"{p}generation_tokens_total"),
             Signal.PROMPT_TPS: Source(C, f"{p}prompt_tokens_total", agg="sum"),
             Signal.REQUEST_RATE: Source(C, f"{p}request_success_total", agg="sum",
                                         note="every finished request; finished_reason is str(ResponseType.X)"),

@@ -10,6 +10,7 @@ from kvwatch.core.dialects.compose import (
     X,
     merge_sources,
     queue_occupancy,
+    request_time_per_token,
     ttft_sources,
 )
 from kvwatch.core.dialects.model import BY, Render, Source
@@ -94,6 +95,8 @@ def sglang_sources(p: str) -> dict[Signal, tuple[Source, ...]]:
                 Source(C, f"{p}e2e_request_latency_seconds_count", agg="sum",
                        estimate="finished requests/s from the end-to-end latency histogram count"),
             ),
+            Signal.REQUEST_TIME_PER_TOKEN: request_time_per_token(f"{p}e2e_request_latency_seconds",
+                                                                 f"{p}generation_tokens_total"),
             Signal.ABORT_RATE: Source(C, f"{p}num_aborted_requests_total", agg="sum", lazy_anchor=anchor,
                                       note="created at the first abort: absent reads 0"),
             Signal.KV_CAPACITY_TOKENS: (

@@ -11,6 +11,7 @@ from kvwatch.core.dialects.compose import (
     X,
     merge_sources,
     queue_occupancy,
+    request_time_per_token,
     ttft_sources,
 )
 from kvwatch.core.dialects.model import BY, TRITON_LLM_MARKER, Render, Source, per_target_ratio
@@ -240,6 +241,8 @@ def trtllm_serve_sources(p: str, m: str) -> dict[Signal, tuple[Source, ...]]:
                 note="estimate: mean paused requests per iteration / iteration latency",
             ),
             Signal.GEN_TPS: Source(C, f"{p}generation_tokens_total", agg="sum"),
+            Signal.REQUEST_TIME_PER_TOKEN: request_time_per_token(f"{p}e2e_request_latency_seconds",
+                                                                 f"{p}generation_tokens_total", m),
             Signal.PROMPT_TPS: Source(C, f"{p}prompt_tokens_total", agg="sum"),
             Signal.ABORT_RATE: Source(
                 X, anchor, expr=aborts,

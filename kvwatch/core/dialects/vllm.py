@@ -10,6 +10,7 @@ from kvwatch.core.dialects.compose import (
     G,
     merge_sources,
     queue_occupancy,
+    request_time_per_token,
     ttft_sources,
 )
 from kvwatch.core.dialects.model import Source, SourceKind
@@ -72,6 +73,10 @@ def vllm_sources(p: str, total: str = "_total") -> dict[Signal, tuple[Source, ..
                 Source(C, f"{p}request_success{total}", _VM, agg="sum", note="every finished request, aborts included"),
                 Source(C, f"{p}e2e_request_latency_seconds_count", _VM, agg="sum",
                        estimate="finished requests/s from the end-to-end latency histogram count"),
+            ),
+            Signal.REQUEST_TIME_PER_TOKEN: (
+                request_time_per_token(f"{p}e2e_request_latency_seconds", f"{p}generation_tokens{total}", _VM),
+                request_time_per_token(f"{p}e2e_request_latency_seconds", f"{p}request_generation_tokens_sum", _VM),
             ),
             Signal.ABORT_RATE: Source(
                 C, f"{p}request_success{total}", f'{_VM}, finished_reason=~"abort|error"', agg="sum"
