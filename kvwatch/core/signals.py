@@ -83,7 +83,8 @@ SIGNAL_INFO: dict[Signal, SignalInfo] = {
     ),
     Signal.REQUEST_TIME_PER_TOKEN: SignalInfo(
         "s", "end-to-end request time per output token, windowed: request seconds / output tokens (queue time "
-             "included); read where no TTFT is exported (Triton, TGI) to tell a slow engine from an idle one",
+             "included); read only where no TTFT is exported (Triton, TGI, a relabel that dropped it: ONLY_WITHOUT) to "
+             "tell a slow engine from an idle one",
     ),
 }
 
