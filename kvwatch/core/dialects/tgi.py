@@ -54,6 +54,7 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
     largest token count the running batch may reach over the batch token budget
     (which TGI sizes from free GPU memory at warm-up, i.e. the KV pool).
     """
+    per_pass = [_tgi_per_pass(c) for c in ("", "_total")]  # (tokens/s, s per token) per counter spelling
     return merge_sources(
         {
             Signal.KV_USAGE: Source(
@@ -74,7 +75,7 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
             Signal.GEN_TPS: (
                 Source(C, "tgi_request_generated_tokens_sum", agg="sum", counted_at_finish=True,
                        note="from the per-request histogram: counted at request end"),
-                *(_tgi_per_pass(c)[0] for c in ("", "_total")),
+                *(tokens for tokens, _ in per_pass),
             ),
             Signal.PROMPT_TPS: Source(C, "tgi_request_input_length_sum", agg="sum"),
             # tgi_request_count is incremented when a request arrives, tgi_request_success when it
@@ -103,7 +104,7 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
                 Source(X, "tgi_request_duration_sum", expr=_tgi_request_time_per_token,
                        extra_requires=("tgi_request_generated_tokens_sum",),
                        note="router request time (queue included) / generated tokens (s per token)"),
-                *(_tgi_per_pass(c)[1] for c in ("", "_total")),
+                *(per_token for _, per_token in per_pass),
             ),
             Signal.KV_CAPACITY_TOKENS: Source(G, "tgi_batch_max_total_tokens",
                                               note="batch token budget set at warm-up from free memory"),
