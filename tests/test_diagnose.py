@@ -4241,6 +4241,15 @@ _CAP_LESS_FINISHED_RUNNING = [
     252, 136, 246, 252, 252, 252, 122, 250, 249, 255, 251, 250, 252, 254, 254]
 
 
+def _wandering_while_queued() -> np.ndarray:
+    """The running samples of rnd-458-037 with 215-255 wherever requests waited: a reservation's
+    admitted count wandering, no cap less its finished requests."""
+    running = np.array(_CAP_LESS_FINISHED_RUNNING, dtype=float)
+    queued = np.array(_CAP_LESS_FINISHED_WAITING) > 0
+    running[queued] = np.random.default_rng(3).integers(215, 256, int(queued.sum()))
+    return running
+
+
 def test_a_batch_at_its_cap_less_the_finished_whenever_requests_wait_is_batch_limited() -> None:
     """Held-out rnd-458-037 (vLLM 0.33, max_num_seqs 256 not exported, waves of arrivals 1.56x what
     256 slots serve, KV ~10 %: batch-limited by mechanism) read `fragmented` ("running is not pinned
@@ -4257,10 +4266,7 @@ def test_a_batch_at_its_cap_less_the_finished_whenever_requests_wait_is_batch_li
                     kv_capacity_tokens=const(591_744))
     r = _diagnose_as(_VLLM_V1, sigs)
     assert (r.state, r.primary.cause) == (FailureMode.IDLE, "batch_limited"), (r.state, [d.rule_id for d in r.diagnoses])
-    running = np.array(_CAP_LESS_FINISHED_RUNNING, dtype=float)
-    queued = np.array(_CAP_LESS_FINISHED_WAITING) > 0
-    running[queued] = np.random.default_rng(3).integers(215, 256, int(queued.sum()))
-    r = _diagnose_as(_VLLM_V1, {**sigs, Signal.RUNNING: running})
+    r = _diagnose_as(_VLLM_V1, {**sigs, Signal.RUNNING: _wandering_while_queued()})
     assert not (r.state is FailureMode.IDLE and r.primary.cause == "batch_limited"), [d.rule_id for d in r.diagnoses]
 
 
@@ -4290,10 +4296,7 @@ def test_a_batch_at_its_cap_less_the_finished_reads_its_step_from_the_token_late
     r = _diagnose_as(_SGLANG_NO_TOKENS, sigs)
     assert r.facts["finishes_per_step"] == pytest.approx(55.3 * 0.077), r.facts["finishes_per_step"]
     assert (r.state, r.primary.cause) == (FailureMode.IDLE, "batch_limited"), (r.state, [d.rule_id for d in r.diagnoses])
-    running = np.array(_CAP_LESS_FINISHED_RUNNING, dtype=float)
-    queued = np.array(_CAP_LESS_FINISHED_WAITING) > 0
-    running[queued] = np.random.default_rng(3).integers(215, 256, int(queued.sum()))
-    r = _diagnose_as(_SGLANG_NO_TOKENS, {**sigs, Signal.RUNNING: running})
+    r = _diagnose_as(_SGLANG_NO_TOKENS, {**sigs, Signal.RUNNING: _wandering_while_queued()})
     assert not (r.state is FailureMode.IDLE and r.primary.cause == "batch_limited"), [d.rule_id for d in r.diagnoses]
     blind = {k: v for k, v in sigs.items() if k is not Signal.ITL_MEAN}
     assert _diagnose_as(_SGLANG_NO_TOKENS, blind).facts["finishes_per_step"] is None

@@ -24,7 +24,10 @@ def ttft_sources(metric: str, matchers: str = "", scale: float = 1.0, **kw: obje
     }
 
 
-def request_time_per_token(e2e: str, tokens: str, matchers: str = "") -> Source:
+def request_time_per_token(
+    e2e: str, tokens: str, matchers: str = "",
+    note: str = "end-to-end request seconds / generated tokens (s per token, queue included)",
+) -> Source:
     """``request_time_per_token`` from an end-to-end latency histogram (family ``e2e``) and a
     generated-tokens counter (``tokens``, as scraped): seconds of finished requests per token
     they generated. Read only where no TTFT is exported (:data:`~kvwatch.core.signals.ONLY_WITHOUT`),
@@ -36,8 +39,7 @@ def request_time_per_token(e2e: str, tokens: str, matchers: str = "") -> Source:
         den = f"rate({r.sel(tokens, matchers)}[{r.rw}])"
         return per_target_ratio(num, den)
 
-    return Source(X, f"{e2e}_sum", expr=expr, extra_requires=(tokens,),
-                  note="end-to-end request seconds / generated tokens (s per token, queue included)")
+    return Source(X, f"{e2e}_sum", expr=expr, extra_requires=(tokens,), note=note)
 
 
 def queue_occupancy(metric: str, matchers: str = "", scale: float = 1.0, dedup_by: tuple[str, ...] = ()) -> Source:

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from kvwatch.core.dialects.compose import HM, HQ, C, G, X, merge_sources, queue_occupancy
-from kvwatch.core.dialects.model import BY, Render, Source, per_target_ratio
+from kvwatch.core.dialects.compose import (
+    HM,
+    HQ,
+    C,
+    G,
+    X,
+    merge_sources,
+    queue_occupancy,
+    request_time_per_token,
+)
+from kvwatch.core.dialects.model import BY, Render, Source
 from kvwatch.core.signals import Signal
 
 _DECODE = 'method!="prefill"'  # the router's forward passes that decode ("decode", older "next_token")
 _TGI_KV_PROXY = "batch token budget in use (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens), not KV blocks"
-
-
-def _tgi_request_time_per_token(r: Render) -> str:
-    """Seconds of the router's end-to-end request time (validation, queue and inference:
-    router/src/server.rs records ``tgi_request_duration`` at each response) per token it
-    generated; both histograms are observed together when a request finishes."""
-    num = f"rate({r.sel('tgi_request_duration_sum')}[{r.rw}])"
-    den = f"rate({r.sel('tgi_request_generated_tokens_sum')}[{r.rw}])"
-    return per_target_ratio(num, den)
 
 
 def _tgi_decoded_per_s(r: Render, c: str) -> str:
@@ -101,9 +101,11 @@ def tgi_sources() -> dict[Signal, tuple[Source, ...]]:
                 for c in ("", "_total")
             ),
             Signal.REQUEST_TIME_PER_TOKEN: (
-                Source(X, "tgi_request_duration_sum", expr=_tgi_request_time_per_token,
-                       extra_requires=("tgi_request_generated_tokens_sum",),
-                       note="router request time (queue included) / generated tokens (s per token)"),
+                # the router's end-to-end time (validation, queue, inference: router/src/server.rs
+                # records tgi_request_duration at each response) per token it generated; both
+                # histograms are observed together when a request finishes
+                request_time_per_token("tgi_request_duration", "tgi_request_generated_tokens_sum",
+                                       note="router request time (queue included) / generated tokens (s per token)"),
                 *(per_token for _, per_token in per_pass),
             ),
             Signal.KV_CAPACITY_TOKENS: Source(G, "tgi_batch_max_total_tokens",
