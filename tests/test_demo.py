@@ -304,3 +304,23 @@ def test_sources_are_evaluated_on_what_the_engine_exposes() -> None:
     p50 = ev(Source(SourceKind.HIST_QUANTILE, "lat", quantile=0.5, scale=1000.0))
     assert p50 is not None and np.isclose(p50[-1], 150.0) and np.isnan(p50[t < 300]).all()
     assert ev(Source(SourceKind.HIST_QUANTILE, "nope", quantile=0.5)) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seeds", [(0, 1, 2, 3), (4, 5, 6, 7)])
+def test_every_scenario_holds_on_other_seeds(seeds: tuple[int, ...]) -> None:
+    """Issue 11 (8): a verdict that flips with the draw of one scenario is a verdict on the draw.
+    The default seed passing proves little: on seeds 0, 3, 5 and 7 (9 of 0-40) the replica
+    group's saturated member lost its imbalance misread to a queue shrinking 6-14/min off
+    ~2,900. Every scenario and every group must read as built on each of these seeds."""
+    from kvwatch.config import load_settings
+    from kvwatch.core.rules import load_ruleset
+    from kvwatch.demo import WARMUP_S, scenario_table
+    from kvwatch.demo.inprocess import evaluate_inprocess
+
+    settings, rules = load_settings(None, environ={}), load_ruleset()
+    for seed in seeds:
+        evaluation, fleet = evaluate_inprocess(settings, rules, seed, WARMUP_S, lambda _: None)
+        table = scenario_table(evaluation, fleet.expected(), fleet.groups())
+        assert len(evaluation.results) == len(fleet.expected()) >= 13
+        assert "DIFFERS" not in table, f"seed {seed}:{table}"

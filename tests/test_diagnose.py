@@ -3033,6 +3033,25 @@ def test_a_replica_draining_its_own_backlog_is_no_imbalance() -> None:
     assert run(fleet)["hot"].mode_verdict(FailureMode.MISREAD).verdict is Verdict.MATCHED
 
 
+def test_a_saturated_replica_whose_huge_queue_shrinks_slowly_is_still_an_imbalance() -> None:
+    """`kvwatch demo` on 9 seeds of 41 (0, 3, 5, 7, 16, 21, 31, 33, 40): the imbalance group's
+    saturated replica, KV at 100 % with ~2,900 waiting, lost its misread because its queue fell
+    by 6-14 requests a minute, and the draining guard was an absolute 5/min: at that pace the
+    queue empties in five hours, which is no backlog being drained. Draining is a queue that
+    empties within the rule's 10 minutes at its trend; a small one falling as fast stays out."""
+    fleet = {f"r{i}": base(kv_usage=const(0.3)) for i in range(3)}
+    wobble = 25 * np.sin(GRID / 70)
+    fleet["hot"] = base(kv_usage=const(0.999), waiting=2_900.0 - 3.0 * np.arange(N) + wobble)  # -6/min
+    res = run(fleet)
+    assert res["hot"].mode_verdict(FailureMode.MISREAD).verdict is Verdict.MATCHED, res["hot"].primary
+    assert res["hot"].facts["queue_drain_share"] < 0.005
+    # 60 waiting at the end, falling 8 a minute: gone in 7.5 minutes, the replica's own backlog
+    fleet["hot"] = base(kv_usage=const(0.999), waiting=60.0 + 4.0 * (N - 1 - np.arange(N)))
+    res = run(fleet)
+    assert 0.1 < res["hot"].facts["queue_drain_share"] < 0.2, res["hot"].facts["queue_drain_share"]
+    assert res["hot"].mode_verdict(FailureMode.MISREAD).verdict is Verdict.NOT_MATCHED, res["hot"].primary
+
+
 def test_a_ramp_into_max_num_seqs_is_batch_limited_once_pinned_for_five_minutes() -> None:
     """Held-out 101 102 (rnd-102-010, vLLM, max_num_seqs 256 not exported, a ramp of demand to
     1.15x): running climbed 92 -> 256 and sat at 256 for the last 6.5 minutes with the queue growing

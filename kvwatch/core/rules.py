@@ -123,6 +123,9 @@ FACTS: dict[str, str] = {
                           "uncounted) or a Little's-law estimate (a stuck request never reports its queue time)",
     "latency_requests": "requests the newest latency quantile summarises: finished requests/s over the latency "
                         "window x that window (a p99 of a dozen requests is their slowest one)",
+    "queue_drain_share": "the share of the queue its trend over the last 10 minutes removes per minute (fall per "
+                         "minute / requests waiting now, at least one): 0.1 or more empties it within 10 minutes, "
+                         "0 where it holds or grows; no number without a queue reading",
     "latency_reach_s": "how far back (s) the requests in the newest latency quantile may have waited: "
                        "the latency window + the sample's age (coarse sampling) + one step",
     "queue_reach_s": "how long (s) the last queue reading must be past for the newest latency quantile to hold "
