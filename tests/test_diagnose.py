@@ -865,6 +865,20 @@ def test_no_misread_from_lagging_quantiles_or_a_single_sample(queue_until_min: f
     assert r.state is not FailureMode.MISREAD, r.diagnoses
 
 
+def test_a_settled_tail_is_read_from_the_newest_quantile_not_from_the_lagging_ones() -> None:
+    """Detection 84 85 86 at 60 s scrapes (ph-fragmented-8501, trtllm-serve): 12 minutes after its
+    backlog drained the pool raised a misread incident after the recovery. The settled rule's
+    evidence is the newest 10-minute quantile (nobody waited in it), yet it also passed on the
+    10-minute span's p25 (18 s: quantiles that still reached back into the episode) with the
+    newest p99 1.27 s, inside the SLO's own bucket (1, 2.5] where "over 2 s" is not established.
+    The newest quantile must itself be over the SLO beyond doubt; over it, the tail stands."""
+    sigs = _after_episode(18.5, tail_p99=1.27)
+    r = _with_vllm_ttft_buckets(sigs)
+    assert r.state is not FailureMode.MISREAD, r.diagnoses
+    r = _with_vllm_ttft_buckets(_after_episode(18.5, tail_p99=4.0))
+    assert r.state is FailureMode.MISREAD and r.primary.rule_id == "misread-ttft-tail-settled", r.diagnoses
+
+
 @pytest.mark.parametrize(("queue_p99", "state"), [(0.3, FailureMode.MISREAD), (2.1, FailureMode.MISREAD),
                                                  (3.2, FailureMode.HEALTHY), (None, FailureMode.MISREAD),
                                                  ("burst at the end", FailureMode.MISREAD)])
