@@ -263,8 +263,10 @@ def misread_imbalance(ctx: BuildContext) -> tuple[Replica, ...]:
             cfg, w = _steady(ctx, 1.0, wl)
             w = replace(w, rate=Steady(w.rate(0) * rng.uniform(1.4, 2.0)))
             replicas.append(Replica((Segment(0.0, cfg, w),), Mode.FULL))
-        else:
-            cfg, w = _steady(ctx, rng.uniform(0.3, 0.55), wl)
+        else:  # the others half loaded at most, so the group's mean looks fine beyond doubt: at
+            # 0.55 a three-replica group averaged 0.71 with the saturated one (demo seed 91), 40
+            # points over the others only just (seed 95), where the rule's 0.7 / 0.4 decide by the draw
+            cfg, w = _steady(ctx, rng.uniform(0.3, 0.5), wl)
             replicas.append(Replica((Segment(0.0, cfg, w),), Mode.HEALTHY))
     return tuple(replicas)
 
@@ -292,7 +294,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("misread-tail", Mode.MISREAD, None,
            "3-6 % 24K-32K prompts: fine mean TTFT, p99 >= 10x p50", misread_tail),
     Preset("misread-imbalance", Mode.MISREAD, None,
-           "3-5 replicas of one model, one saturated", misread_imbalance),
+           "3-5 replicas of one model, one saturated (1.4-2x), the others 30-50 % loaded", misread_imbalance),
 )}
 
 
