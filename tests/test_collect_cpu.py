@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from kvwatch.core.collect import collect, gc_paused
+from kvwatch.core.frame import FleetData
 from kvwatch.core.models import Target, TargetKey
 from kvwatch.core.signals import Signal
 from kvwatch.errors import PrometheusBadResponse
@@ -42,6 +44,43 @@ class _Client:
 
 def _collect(client: _Client) -> Any:
     return collect(client, TARGETS, at=AT, window_s=60, step_s=30, rate_window="2m", user_matchers="")
+
+
+class _GatedClient(_Client):
+    """Answers the first query at once and every later one only after something was placed
+    (or after ``patience_s``): a later query blocks until collection uses an answer it has."""
+
+    def __init__(self, placed: threading.Event, patience_s: float = 5.0) -> None:
+        super().__init__()
+        self.placed, self.patience_s, self.waited = placed, patience_s, []
+
+    def _answer(self) -> list[dict[str, Any]]:
+        if self.gc_seen:  # not the first query
+            self.waited.append(self.placed.wait(self.patience_s))
+        return super()._answer()
+
+
+def test_answers_are_placed_while_later_queries_are_still_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A steady 1,000-target cycle waits ~0.5 s on Prometheus and spends ~0.1 s placing what it
+    fetched: placed as each answer comes in (in the planned order), the placing overlaps the
+    wait (benchmarks/README.md, session 38). With one worker the queries run one by one; the
+    second is answered only once the first answer was placed."""
+    placed = threading.Event()
+    put = FleetData.put
+
+    def put_and_tell(self: FleetData, *args: Any, **kwargs: Any) -> None:
+        placed.set()
+        put(self, *args, **kwargs)
+
+    monkeypatch.setattr(FleetData, "put", put_and_tell)
+    client = _GatedClient(placed)
+    names = frozenset({"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_requests_running"})
+    target = Target(TargetKey("j", "i"), "vllm-v1", "vllm", names=names)
+    data = collect(client, [target], at=AT, window_s=60, step_s=30, rate_window="2m", user_matchers="",
+                   max_concurrency=1)
+    assert client.waited and all(client.waited), "a later query waited for placing that never overlapped it"
+    assert len(client.waited) >= 2
+    assert data.series[target.key][Signal.KV_USAGE].tolist()[-1] == 0.75
 
 
 @pytest.fixture

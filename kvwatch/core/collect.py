@@ -558,17 +558,6 @@ def collect(
 
         return q, [row for chunk in _split(served(q), fetch_chunk) for row in chunk]
 
-    if pool is None:
-        with ThreadPoolExecutor(max_workers=max_concurrency) as own:
-            answers = list(own.map(run, sorted(mode_of)))
-    else:
-        answers = list(pool.map(run, sorted(mode_of)))
-    if ceilings is None:
-        layouts = bucket_layouts(client, targets, user_matchers, at)
-        ceilings = ceilings_of(layouts)
-    data.ceilings = {t.key: dict(ceilings[t.key]) for t in targets if t.key in ceilings}
-    layouts = layouts or {}
-    data.buckets = {t.key: dict(layouts[t.key]) for t in targets if t.key in layouts}
     # vllm:cache_config_info: one pool per data-parallel engine; a config change within
     # the window gives an engine several rows (keep its largest), engines are summed.
     pools: dict[tuple[TargetKey, Signal], dict[str, np.ndarray]] = defaultdict(dict)
@@ -630,11 +619,27 @@ def collect(
             for q in fam:
                 place(q, fetch(queries[q][0][2].promql(matchers, rate_window, latency_window, triton_model), mode))
 
-    for q, rows in answers:
-        if q in families:
-            place_family(q, rows)
-        else:
-            place(q, rows)
+    def fetch_and_place(ex: Executor) -> None:
+        # each answer is placed as soon as it and those before it are in, while Prometheus
+        # still evaluates the later queries (in the planned order: placement stays reproducible)
+        for answer in [ex.submit(run, q) for q in sorted(mode_of)]:
+            q, rows = answer.result()
+            if q in families:
+                place_family(q, rows)
+            else:
+                place(q, rows)
+
+    if pool is None:
+        with ThreadPoolExecutor(max_workers=max_concurrency) as own:
+            fetch_and_place(own)
+    else:
+        fetch_and_place(pool)
+    if ceilings is None:
+        layouts = bucket_layouts(client, targets, user_matchers, at)
+        ceilings = ceilings_of(layouts)
+    data.ceilings = {t.key: dict(ceilings[t.key]) for t in targets if t.key in ceilings}
+    layouts = layouts or {}
+    data.buckets = {t.key: dict(layouts[t.key]) for t in targets if t.key in layouts}
     for (key, sig), engines in pools.items():
         stack = np.vstack(list(engines.values()))
         total = np.where(np.isnan(stack), 0.0, stack).sum(axis=0)
