@@ -35,11 +35,15 @@ def request_time_per_token(
     on compute-bound pools (all but 16 of 278 at or over the rule's 0.25 s) and 0.007-1.7 s on
     low-demand, healthy and misread ones (8 of 2,150 over it)."""
     def expr(r: Render) -> str:
-        num = f"rate({r.sel(f'{e2e}_sum', matchers)}[{r.rw}])"
-        den = f"rate({r.sel(tokens, matchers)}[{r.rw}])"
-        return per_target_ratio(num, den)
+        return per_target_ratio(request_seconds(r, e2e, matchers), f"rate({r.sel(tokens, matchers)}[{r.rw}])")
 
     return Source(X, f"{e2e}_sum", expr=expr, extra_requires=(tokens,), note=note)
+
+
+def request_seconds(r: Render, e2e: str, matchers: str = "") -> str:
+    """Seconds of finished requests per second, per series: the rate of an end-to-end latency
+    histogram's ``_sum`` (family ``e2e``), the numerator of every request time per token."""
+    return f"rate({r.sel(f'{e2e}_sum', matchers)}[{r.rw}])"
 
 
 def queue_occupancy(metric: str, matchers: str = "", scale: float = 1.0, dedup_by: tuple[str, ...] = ()) -> Source:

@@ -10,6 +10,7 @@ from kvwatch.core.dialects.compose import (
     X,
     merge_sources,
     queue_occupancy,
+    request_seconds,
     request_time_per_token,
 )
 from kvwatch.core.dialects.model import BY, Render, Source
@@ -40,7 +41,7 @@ def _tgi_per_pass(c: str) -> tuple[Source, Source]:
                     extra_requires=(count,), estimate=estimate)
     per_token = Source(
         X, "tgi_request_duration_sum",
-        expr=lambda r: (f"sum by ({BY}) (rate({r.sel('tgi_request_duration_sum')}[{r.rw}])) / on ({BY}) "
+        expr=lambda r: (f"sum by ({BY}) ({request_seconds(r, 'tgi_request_duration')}) / on ({BY}) "
                         f"({_tgi_decoded_per_s(r, c)})"),
         extra_requires=("tgi_batch_current_size", count),
         estimate="router request time / (" + estimate + ")")
